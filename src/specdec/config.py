@@ -1,0 +1,69 @@
+"""One validated configuration for a generation. The Python API and the CLI both build it; neither
+re-declares its defaults."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from specdec.errors import SpecDecError
+from specdec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Settings of one call to :func:`specdec.generate`.
+
+    gamma: draft tokens proposed per target call (paper's gamma), an integer >= 1. Ignored without a draft.
+    temperature: 0 = greedy (argmax, exact token equality with plain greedy decoding); > 0 samples.
+    top_k: keep only the k most likely tokens (None: no limit), applied to p and q alike.
+    top_p: nucleus sampling mass in (0, 1]; 1.0 disables it.
+    max_new_tokens: how many tokens to generate at most (>= 1).
+    stop: strings that end the generation; the text is cut before the first one.
+    chat: wrap the prompt in the model's chat template (instruct models).
+    seed: seed of the single random generator of the run (None: a fresh random seed, reported in the stats).
+    """
+
+    gamma: int = 4
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    chat: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
+            raise SpecDecError(
+                f"gamma must be an integer >= 1 (the number of draft tokens per target call), got {self.gamma!r}"
+            )
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise SpecDecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif self.stop is None:
+            object.__setattr__(self, "stop", ())
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise SpecDecError(f"stop must be non-empty strings, got {self.stop!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise SpecDecError(f"seed must be an integer or None, got {self.seed!r}")
+        self.sampling  # validates temperature, top_k, top_p
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "GenerationConfig":
+        """Build from keyword options, ignoring the ones set to None (so callers need no defaults)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(options) - known
+        if unknown:
+            raise SpecDecError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+        return cls(**{k: v for k, v in options.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,187 @@
+"""The decoding loop. Plain autoregressive decoding (no draft) and speculative decoding share it.
+
+Each step:
+  1. the drafter proposes up to gamma tokens (none without a draft);
+  2. the target scores the sequence plus the drafted tokens in one forward pass over its KV cache;
+  3. speculative sampling (or, at temperature 0, the exact greedy comparison) accepts a prefix of the
+     draft and appends one target token;
+  4. the sequence grows by 1 to gamma + 1 tokens; the caches roll back to it on the next call;
+  5. EOS, stop strings, max_new_tokens and the context length end the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specdec.acceptance import acceptance_probability, greedy_verification, speculative_sampling
+from specdec.config import GenerationConfig
+from specdec.drafters import DraftContext, make_drafter
+from specdec.errors import SpecDecError
+from specdec.models import LanguageModel, load
+from specdec.sampling import standardize
+from specdec.stats import GenerationStats
+
+# on_tokens(new_token_ids, from_draft): called as tokens are accepted; from_draft[i] is True when
+# token i was proposed by the draft and accepted, False when the target produced it.
+TokenCallback = Callable[[list[int], list[bool]], None]
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]  # generated tokens only (EOS included when it ended the generation)
+    from_draft: list[bool]  # per generated token: accepted from the draft (True) or produced by the target
+    prompt_ids: list[int]
+    stats: GenerationStats
+    config: GenerationConfig
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "from_draft": self.from_draft,
+            "stats": self.stats.to_dict(),
+            "config": self.config.to_dict(),
+        }
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> int | None:
+    positions = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(positions) if positions else None
+
+
+def generate(
+    target: Any,
+    prompt: str | Sequence[int],
+    *,
+    draft: Any = None,
+    config: GenerationConfig | None = None,
+    on_tokens: TokenCallback | None = None,
+    **options: Any,
+) -> GenerationOutput:
+    """Generate a continuation of ``prompt`` with the target model, speculatively when ``draft`` is given.
+
+    target: a model from :func:`specdec.load` (or anything it accepts).
+    prompt: text, or a list of token ids (then ``chat`` is ignored).
+    draft: None (plain decoding), a drafter name ("prompt-lookup", "bigram", "unigram", "random"),
+      a model (loaded or a preset name), or a :class:`~specdec.drafters.Drafter`.
+    config / options: a :class:`GenerationConfig`, or its fields as keywords (gamma, temperature,
+      top_k, top_p, max_new_tokens, stop, chat, seed).
+    on_tokens: streaming callback, see :data:`TokenCallback`.
+
+    At temperature 0 the tokens equal plain greedy decoding of the target; otherwise they follow the
+    target's standardized distribution exactly (Leviathan et al., Appendix A.1).
+    """
+    if config is None:
+        config = GenerationConfig.from_options(**options)
+    elif options:
+        raise SpecDecError("pass either config= or keyword options, not both")
+    target = load(target)
+    drafter = make_drafter(draft, target)
+
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise SpecDecError("the prompt is empty; give some text to continue")
+        prompt_ids = target.encode(prompt, chat=config.chat)
+    else:
+        prompt_ids = [int(t) for t in prompt]
+    if not prompt_ids:
+        raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
+    max_context = target.max_context
+    if max_context is not None and len(prompt_ids) >= max_context:
+        raise SpecDecError(
+            f"the prompt has {len(prompt_ids)} tokens but {target.name} reads at most {max_context}; "
+            "shorten the prompt"
+        )
+
+    seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
+    generator = torch.Generator().manual_seed(seed)
+    sampling = config.sampling
+    eos = target.eos_token_ids
+    stats = GenerationStats(prompt_tokens=len(prompt_ids), seed=seed)
+
+    t_start = time.perf_counter()
+    session, sequence = target.start(prompt_ids)
+    start_len = len(sequence)
+    limit = config.max_new_tokens
+    if max_context is not None:
+        limit = min(limit, max_context - start_len)
+    if drafter is not None:
+        t0 = time.perf_counter()
+        drafter.start(DraftContext(prompt_ids, sampling, generator, target.vocab_size, frozenset(eos)))
+        stats.time_draft += time.perf_counter() - t0
+    from_draft: list[bool] = []
+    stop_text: str | None = None
+
+    while True:
+        generated = len(sequence) - start_len
+        # Never draft past the budget: n accepted + 1 target token must fit.
+        k = min(config.gamma, limit - generated - 1) if drafter is not None else 0
+        t0 = time.perf_counter()
+        if k > 0:
+            calls_before = drafter.forward_passes
+            proposal = drafter.propose(sequence, k)
+            stats.draft_calls += drafter.forward_passes - calls_before
+        else:
+            proposal = None
+        t1 = time.perf_counter()
+        stats.time_draft += t1 - t0
+        draft_tokens = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)  # [g]
+        g = int(draft_tokens.shape[0])
+        logits = session.forward(sequence + draft_tokens.tolist(), g + 1)  # [g + 1, V]
+        stats.time_target += time.perf_counter() - t1
+
+        if sampling.greedy:
+            target_argmax = logits.argmax(dim=-1)  # [g + 1]
+            tokens, n = greedy_verification(target_argmax, draft_tokens)
+            betas = (target_argmax[: min(n + 1, g)] == draft_tokens[: min(n + 1, g)]).float().tolist()
+        else:
+            p = standardize(logits, sampling)  # [g + 1, V]
+            q = proposal.q if proposal is not None else None
+            tokens, n = speculative_sampling(p, q, draft_tokens, generator)
+            m = min(n + 1, g)
+            betas = acceptance_probability(p[:m], None if q is None else q[:m], draft_tokens[:m]).tolist()
+        stats.record_step(g, n, betas)
+        if drafter is not None:
+            drafter.update(n)
+
+        new = tokens.tolist()
+        origins = [True] * n + [False]
+        done = ""
+        for j, tok in enumerate(new):
+            if tok in eos:
+                new, origins, done = new[: j + 1], origins[: j + 1], "eos"
+                break
+        sequence.extend(new)
+        from_draft.extend(origins)
+        if config.stop:
+            text = target.decode(sequence[start_len:])
+            cut = _find_stop(text, config.stop)
+            if cut is not None:
+                # Keep the tokens up to the one that completed the stop string; the text ends before it.
+                before = len(sequence) - len(new)
+                while len(sequence) > before + 1 and _find_stop(target.decode(sequence[start_len:-1]), config.stop) is not None:
+                    sequence.pop()
+                    from_draft.pop()
+                new = sequence[before:]
+                stop_text, done = text[:cut], "stop"
+        if on_tokens is not None and new:
+            on_tokens(new, origins[: len(new)])
+        generated = len(sequence) - start_len
+        if not done and generated >= limit:
+            done = "max_new_tokens" if generated >= config.max_new_tokens else "context"
+        if done:
+            stats.stop_reason = done
+            break
+
+    token_ids = sequence[start_len:]
+    stats.new_tokens = len(token_ids)
+    stats.time_total = time.perf_counter() - t_start
+    text = stop_text if stop_text is not None else target.decode(token_ids)
+    return GenerationOutput(text, token_ids, from_draft[: len(token_ids)], list(prompt_ids), stats, config)

@@ -1,0 +1,61 @@
+"""Drafters: the approximation models M_q that propose tokens for the target to verify.
+
+Built in: a smaller model with the target's tokenizer, prompt lookup (copy from the context),
+unigram and bigram models, and random tokens. Anything with ``start``/``propose``/``update``
+(see :class:`~specdec.drafters.base.Drafter`) works too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterBase
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
+from specdec.drafters.random_tokens import RandomDrafter
+from specdec.errors import SpecDecError
+
+__all__ = [
+    "Draft", "DraftContext", "Drafter", "DrafterBase", "ModelDrafter", "NGramDrafter",
+    "PromptLookupDrafter", "RandomDrafter", "find_continuation", "make_drafter", "DRAFTER_NAMES",
+]
+
+DRAFTER_NAMES = {
+    "prompt-lookup": PromptLookupDrafter,
+    "unigram": lambda: NGramDrafter(order=1),
+    "bigram": lambda: NGramDrafter(order=2),
+    "random": RandomDrafter,
+}
+
+
+def make_drafter(spec: Any, target: Any, dtype: Any = None) -> Drafter | None:
+    """Turn what a user passed as ``draft=`` into a drafter.
+
+    spec: None (plain decoding), a drafter name (``prompt-lookup``, ``unigram``, ``bigram``,
+    ``random``), a loaded model, anything :func:`specdec.load` accepts (a preset name, a folder...),
+    or a ready :class:`Drafter`.
+    """
+    from specdec.models import LanguageModel, check_same_vocabulary, load
+
+    if spec is None:
+        return None
+    if isinstance(spec, str) and spec in DRAFTER_NAMES:
+        return DRAFTER_NAMES[spec]()
+    if isinstance(spec, Drafter) and not isinstance(spec, LanguageModel):
+        return spec
+    if isinstance(spec, str):
+        try:
+            spec = load(spec, dtype=dtype if dtype is not None else target.dtype)
+        except SpecDecError as err:
+            raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)})") from None
+    model = load(spec)
+    if model.is_encoder_decoder != target.is_encoder_decoder:
+        kinds = {True: "an encoder-decoder", False: "a decoder-only"}
+        raise SpecDecError(
+            f"the draft {model.name!r} is {kinds[model.is_encoder_decoder]} model but the target is "
+            f"{kinds[target.is_encoder_decoder]} model; use a draft of the same kind, or a parameter-free "
+            f"draft ({', '.join(DRAFTER_NAMES)})"
+        )
+    check_same_vocabulary(target, model)
+    return ModelDrafter(model)

@@ -1,0 +1,78 @@
+"""The drafter protocol: what speculative decoding needs from a draft (the paper's M_q).
+
+A drafter proposes up to k tokens that continue a sequence, optionally with the distribution q it
+sampled each one from, and then hears how many of them the target accepted. A drafter that gives
+no probabilities (prompt lookup, for example) counts as a one-hot q on each proposed token: the
+target then accepts token x with probability p(x).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+from specdec.sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    """A proposal. tokens: [k] long (k may be 0); q: [k, V] float32 probabilities, or None (one-hot)."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+
+    @staticmethod
+    def empty() -> "Draft":
+        return Draft(torch.empty(0, dtype=torch.long), None)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter is told when a generation starts.
+
+    prompt_ids: the tokens of the prompt (for a seq2seq target: the encoder input).
+    sampling: the target's standardization; a drafter with probabilities applies the same one to q.
+    generator: the generation's random source (the only one: seeding happens once, outside the loop).
+    vocab_size: V, the width of the target's distributions; q must have this width.
+    eos_token_ids: the target's end-of-sequence ids.
+    """
+
+    prompt_ids: Sequence[int]
+    sampling: SamplingParams
+    generator: torch.Generator
+    vocab_size: int
+    eos_token_ids: frozenset[int] = frozenset()
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    forward_passes: int  # model forward passes made so far (0 for parameter-free drafts)
+
+    def start(self, context: DraftContext) -> None:
+        """Forget the previous generation and prepare for a new one."""
+
+    def propose(self, sequence: Sequence[int], k: int) -> Draft:
+        """Up to k tokens that continue ``sequence`` (the whole decoder sequence so far)."""
+
+    def update(self, n_accepted: int) -> None:
+        """Feedback after verification: how many of the last proposal's tokens were accepted."""
+
+
+class DrafterBase:
+    """Default bookkeeping for drafters: stores the context, counts nothing, ignores feedback."""
+
+    name = "drafter"
+    forward_passes = 0
+    context: DraftContext
+
+    def start(self, context: DraftContext) -> None:
+        self.context = context
+
+    def update(self, n_accepted: int) -> None:
+        return None

@@ -1,0 +1,90 @@
+"""Unigram and bigram drafts (paper Section 3.6 and Table 3): negligible-cost table lookups.
+
+Counts come from a corpus you give (a text tokenized with the target's tokenizer: a fixed model) or,
+by default, from the prompt, with the generated tokens added to the counts as decoding goes on. The counts are
+turned into logits log(count) and standardized like the target's logits, so temperature, top-k and
+top-p act on q exactly as on p.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Iterable, Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, DraftContext, DrafterBase
+from specdec.sampling import sample, standardize
+
+
+class NGramDrafter(DrafterBase):
+    """An n-gram model with n = 1 (unigram) or n = 2 (bigram, backing off to the unigram).
+
+    >>> d = NGramDrafter(order=2, corpus_ids=[7, 8, 7, 8, 7, 9])
+    >>> d.counts_after(7)   # after 7: twice 8, once 9
+    {8: 2, 9: 1}
+    """
+
+    def __init__(self, order: int = 2, corpus_ids: Iterable[int] | None = None):
+        if order not in (1, 2):
+            raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order}")
+        self.order = order
+        self.name = "unigram" if order == 1 else "bigram"
+        self.corpus_ids = list(corpus_ids) if corpus_ids is not None else None
+        self._fit(self.corpus_ids or [])
+
+    @classmethod
+    def from_text(cls, text: str, tokenizer, order: int = 2) -> "NGramDrafter":
+        return cls(order, tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _fit(self, ids: Sequence[int]) -> None:
+        self.unigram: Counter[int] = Counter()
+        self.bigram: defaultdict[int, Counter[int]] = defaultdict(Counter)
+        self._observe(ids)
+
+    def _observe(self, ids: Sequence[int], previous: int | None = None) -> None:
+        for token in ids:
+            self.unigram[token] += 1
+            if previous is not None:
+                self.bigram[previous][token] += 1
+            previous = token
+
+    def counts_after(self, token: int) -> dict[int, int]:
+        return dict(sorted(self.bigram[token].items())) if token in self.bigram else {}
+
+    def start(self, context: DraftContext) -> None:
+        super().start(context)
+        # A corpus gives a fixed model; without one, counts come from the prompt and grow with the
+        # generated tokens.
+        self._fit(self.corpus_ids if self.corpus_ids is not None else list(context.prompt_ids))
+        self._last_len = len(context.prompt_ids)
+
+    def _logits(self, previous: int) -> torch.Tensor:
+        counts = self.bigram.get(previous) if self.order == 2 else None
+        if not counts:
+            counts = self.unigram
+        logits = torch.full((self.context.vocab_size,), float("-inf"))  # [V]
+        if counts:
+            ids = torch.tensor(list(counts.keys()), dtype=torch.long)
+            logits[ids] = torch.tensor(list(counts.values()), dtype=torch.float32).log()
+        else:  # nothing observed yet: uniform
+            logits.zero_()
+        return logits
+
+    def propose(self, sequence: Sequence[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft.empty()
+        # Learn from the tokens added since the last proposal.
+        if self.corpus_ids is None and len(sequence) > self._last_len:
+            self._observe(sequence[self._last_len:], previous=sequence[self._last_len - 1] if self._last_len else None)
+        self._last_len = len(sequence)
+        ctx = self.context
+        tokens, qs = [], []
+        previous = sequence[-1]
+        for _ in range(k):
+            q = standardize(self._logits(previous), ctx.sampling)  # [V]
+            x = int(q.argmax()) if ctx.sampling.greedy else int(sample(q, ctx.generator))
+            tokens.append(x)
+            qs.append(q)
+            previous = x
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))

@@ -1,0 +1,128 @@
+"""Decoder-only (causal) language models behind specdec's small model interface.
+
+A :class:`LanguageModel` pairs a Hugging Face model with its tokenizer. A :class:`KVSession` holds
+one sequence's KV cache. Rollback is position bookkeeping: the session remembers which tokens its
+cache holds, and :meth:`KVSession.forward` crops the cache back to the longest common prefix with
+the sequence it is asked about before feeding the rest. No prefix is ever recomputed, and no model
+needs its own slicing code: the cache's ``crop`` does it for every architecture (Qwen2, Llama,
+Gemma 3's sliding-window layers included).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from specdec.errors import SpecDecError
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class KVSession:
+    """The KV cache of one sequence being decoded by one model."""
+
+    def __init__(self, model: "LanguageModel"):
+        self.model = model
+        self.cache = DynamicCache(config=model.hf_model.config)
+        # Sliding-window layers (Gemma 3) keep their past until crop(), so a rollback can reach it.
+        self.cache.activate_past_recording()
+        self.tokens: list[int] = []  # the tokens whose keys and values are in the cache, in order
+        self.forward_passes = 0
+
+    def forward(self, sequence: Sequence[int], n_logits: int) -> torch.Tensor:
+        """Logits for the last ``n_logits`` positions of ``sequence``.
+
+        sequence: the whole token sequence (prompt included) as ids.
+        Returns [n_logits, V] float logits; row i predicts the token after sequence[: len - n_logits + i + 1].
+        The cache is rolled back to the common prefix and then extended to hold all of ``sequence``.
+        """
+        keep = min(common_prefix_length(self.tokens, sequence), len(sequence) - n_logits)
+        if keep < 0:
+            raise ValueError(f"asked for {n_logits} logits of a {len(sequence)}-token sequence")
+        self.cache.crop(-(len(self.tokens) - keep))
+        del self.tokens[keep:]
+        new = torch.tensor([list(sequence[keep:])], dtype=torch.long)  # [1, new]
+        with torch.inference_mode():
+            out = self.model.hf_model(
+                input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=n_logits
+            )
+        self.tokens.extend(sequence[keep:])
+        self.forward_passes += 1
+        return out.logits[0, -n_logits:]  # [n_logits, V]
+
+
+class LanguageModel:
+    """A causal language model and its tokenizer, as used by drafters and the decoding loop."""
+
+    is_encoder_decoder = False
+
+    def __init__(self, hf_model: Any, tokenizer: Any, name: str | None = None):
+        if getattr(hf_model.config, "is_encoder_decoder", False):
+            raise SpecDecError("this is an encoder-decoder model; load it with specdec.load(), which picks the seq2seq backend")
+        self.hf_model = hf_model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
+
+    def __repr__(self) -> str:
+        return f"LanguageModel({self.name!r}, dtype={self.dtype}, params={self.num_parameters / 1e6:.0f}M)"
+
+    # -- facts -----------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits (may exceed the tokenizer's length: padded embedding tables)."""
+        return int(self.hf_model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.hf_model.parameters()).dtype
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.hf_model.parameters())
+
+    @property
+    def max_context(self) -> int | None:
+        cfg = self.hf_model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        return getattr(text_cfg, "max_position_embeddings", None)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.hf_model, "generation_config", None), self.hf_model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if value is None:
+                continue
+            ids.update([value] if isinstance(value, int) else value)
+        return ids
+
+    # -- text ------------------------------------------------------------------------------------
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise SpecDecError(f"{self.name} has no chat template; drop chat=True (--chat) for this model")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(ids, "keys"):  # BatchEncoding in recent transformers
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # -- decoding --------------------------------------------------------------------------------
+    def start(self, prompt_ids: Sequence[int]) -> tuple[KVSession, list[int]]:
+        """A fresh session and the sequence decoding starts from (for a causal LM: the prompt)."""
+        return KVSession(self), list(prompt_ids)

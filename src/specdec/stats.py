@@ -1,0 +1,114 @@
+"""Statistics of one generation: what was drafted, what was accepted, where the time went.
+
+Conventions (stated once, used everywhere):
+
+- a *step* is one target forward pass (one serial call of M_p), which verifies one draft;
+- *mean accepted length* = generated tokens / steps, so it INCLUDES the residual or bonus token
+  every step emits: plain decoding scores exactly 1.0, gamma accepted drafts score gamma + 1;
+- *acceptance rate* = accepted / drafted draft tokens;
+- *alpha* (empirical, Corollary 6) = mean over verified positions of beta = sum_x min(p(x), q(x)),
+  where the verified positions of a step are the drafted positions up to and including the first
+  rejected one. A draft without probabilities counts as one-hot q (beta = p(x)); at temperature 0,
+  beta is 1 when the draft token is the target's argmax and 0 otherwise;
+- acceptance per draft position i: of the steps that drafted a token at position i, the fraction
+  whose token i was accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationStats:
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    target_calls: int = 0  # serial forward passes of the target (prefill included)
+    draft_calls: int = 0  # forward passes of a model draft (0 for parameter-free drafts)
+    drafted: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    beta_sum: float = 0.0
+    beta_count: int = 0
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_total: float = 0.0
+    seed: int | None = None
+    stop_reason: str = ""
+
+    def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
+        self.target_calls += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        while len(self.drafted_per_position) < drafted:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
+            if i < accepted:
+                self.accepted_per_position[i] += 1
+        self.beta_sum += sum(betas)
+        self.beta_count += len(betas)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per target call, the residual/bonus token included (plain decoding: 1.0)."""
+        return self.new_tokens / self.target_calls if self.target_calls else None
+
+    @property
+    def alpha(self) -> float | None:
+        return self.beta_sum / self.beta_count if self.beta_count else None
+
+    @property
+    def time_other(self) -> float:
+        return max(0.0, self.time_total - self.time_draft - self.time_target)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.time_total if self.time_total > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_per_position": self.acceptance_per_position,
+            "mean_accepted_length": self.mean_accepted_length,
+            "alpha": self.alpha,
+            "time_draft_s": self.time_draft,
+            "time_target_s": self.time_target,
+            "time_other_s": self.time_other,
+            "time_total_s": self.time_total,
+            "tokens_per_second": self.tokens_per_second,
+            "seed": self.seed,
+            "stop_reason": self.stop_reason,
+        }
+
+    def summary(self) -> str:
+        def fmt(x: float | None, spec: str = ".3f") -> str:
+            return "n/a" if x is None else format(x, spec)
+
+        lines = [
+            f"new tokens {self.new_tokens} in {self.time_total:.2f} s = {fmt(self.tokens_per_second, '.2f')} tokens/s "
+            f"(stopped: {self.stop_reason})",
+            f"target calls {self.target_calls}, draft calls {self.draft_calls}, "
+            f"mean accepted length {fmt(self.mean_accepted_length, '.2f')} (bonus token included)",
+            f"drafted {self.drafted}, accepted {self.accepted} (rate {fmt(self.acceptance_rate)}), alpha {fmt(self.alpha)}",
+            "acceptance per position: " + " ".join(f"{a:.2f}" for a in self.acceptance_per_position),
+            f"time: draft {self.time_draft:.2f} s, target {self.time_target:.2f} s, other {self.time_other:.2f} s",
+        ]
+        return "\n".join(lines)

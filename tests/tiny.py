@@ -1,0 +1,58 @@
+"""Tiny randomly initialised models and a word-level tokenizer, built offline from configs."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+import specdec
+
+WORDS = [f"w{i}" for i in range(92)]
+VOCAB = ["<unk>", "<s>", "</s>", "<pad>"] + WORDS  # 96 tokens
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+def tiny_model(kind: str = "llama", layers: int = 2, hidden: int = 64, seed: int = 0, vocab: int = len(VOCAB),
+               eos: int | None = None, sharp: float = 1.0):
+    """A tiny random causal LM. ``sharp`` scales the output layer (larger = more peaked distributions)."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=eos if eos is not None else 2, tie_word_embeddings=False)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharp)
+    model.generation_config.eos_token_id = model.config.eos_token_id
+    return model.float().eval()
+
+
+def load_tiny(kind: str = "llama", **kwargs) -> specdec.LanguageModel:
+    return specdec.load(tiny_model(kind, **kwargs), tokenizer=tiny_tokenizer(), name=f"tiny-{kind}")
+
+
+def perturbed(model: specdec.LanguageModel, scale: float, seed: int = 1) -> specdec.LanguageModel:
+    """A copy of ``model`` with Gaussian noise on every weight: a draft that is close but not equal."""
+    import copy
+
+    hf = copy.deepcopy(model.hf_model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.add_(torch.randn(param.shape, generator=g) * scale * param.std())
+    return specdec.load(hf, tokenizer=model.tokenizer, name=f"{model.name}-perturbed")
