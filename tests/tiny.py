@@ -24,12 +24,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(kind: str = "llama", layers: int = 2, hidden: int = 64, seed: int = 0, vocab: int = len(VOCAB),
-               eos: int | None = None, sharp: float = 1.0):
-    """A tiny random causal LM. ``sharp`` scales the output layer (larger = more peaked distributions)."""
+               eos: int | None = 2, sharp: float = 1.0):
+    """A tiny random causal LM. ``sharp`` scales the output layer (larger = more peaked distributions).
+    eos=None gives a model without an end-of-sequence token (it always generates max_new_tokens)."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  bos_token_id=1, eos_token_id=eos if eos is not None else 2, tie_word_embeddings=False)
+                  bos_token_id=1, eos_token_id=eos, tie_word_embeddings=False)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif kind == "qwen2":
@@ -56,3 +57,18 @@ def perturbed(model: specdec.LanguageModel, scale: float, seed: int = 1) -> spec
         for param in hf.parameters():
             param.add_(torch.randn(param.shape, generator=g) * scale * param.std())
     return specdec.load(hf, tokenizer=model.tokenizer, name=f"{model.name}-perturbed")
+
+
+def tiny_gemma3(sliding_window: int = 6, seed: int = 0, eos: int | None = 2):
+    """A tiny Gemma 3 with sliding-window layers, to exercise rollback across the window."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(
+        vocab_size=len(VOCAB), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=sliding_window,
+        bos_token_id=1, eos_token_id=eos, pad_token_id=3, layer_types=["sliding_attention", "full_attention"] * 2,
+    )
+    model = Gemma3ForCausalLM(cfg).float().eval()
+    model.generation_config.eos_token_id = eos
+    return specdec.load(model, tokenizer=tiny_tokenizer(), name="tiny-gemma3")

@@ -49,7 +49,10 @@ class KVSession:
         keep = min(common_prefix_length(self.tokens, sequence), len(sequence) - n_logits)
         if keep < 0:
             raise ValueError(f"asked for {n_logits} logits of a {len(sequence)}-token sequence")
-        self.cache.crop(-(len(self.tokens) - keep))
+        # Crop only to remove tokens: crop(0) would also trim sliding-window layers (Gemma 3) to their
+        # window and forget the past that a later rollback may need.
+        if keep < len(self.tokens):
+            self.cache.crop(-(len(self.tokens) - keep))
         del self.tokens[keep:]
         new = torch.tensor([list(sequence[keep:])], dtype=torch.long)  # [1, new]
         with torch.inference_mode():
@@ -98,13 +101,12 @@ class LanguageModel:
 
     @property
     def eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for source in (getattr(self.hf_model, "generation_config", None), self.hf_model.config, self.tokenizer):
+        """End-of-sequence ids: the generation config's, else the model config's (as transformers' generate)."""
+        for source in (getattr(self.hf_model, "generation_config", None), self.hf_model.config):
             value = getattr(source, "eos_token_id", None)
-            if value is None:
-                continue
-            ids.update([value] if isinstance(value, int) else value)
-        return ids
+            if value is not None:
+                return set([value] if isinstance(value, int) else value)
+        return set()
 
     # -- text ------------------------------------------------------------------------------------
     def encode(self, text: str, chat: bool = False) -> list[int]:

@@ -1,0 +1,144 @@
+"""The ``specdec`` command: a thin layer that parses, calls the library and prints.
+
+Generation options default to None here, so the only defaults are those of
+:class:`specdec.config.GenerationConfig`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+
+# ANSI colours for --color: tokens accepted from the draft vs tokens produced by the target (paper Figure 1).
+COLOUR_DRAFT = "\033[32m"  # green
+COLOUR_TARGET = "\033[1;34m"  # bold blue
+COLOUR_RESET = "\033[0m"
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: preset, folder, hub id or .gguf (default {DEFAULT_TARGET})")
+    p.add_argument("--draft", default=DEFAULT_DRAFT,
+                   help=f"draft: a model (preset, folder, hub id, .gguf), or prompt-lookup, bigram, unigram, random; "
+                        f"'none' for plain decoding (default {DEFAULT_DRAFT})")
+    p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
+    p.add_argument("--gamma", type=int, default=None, help="draft tokens per target call (default 4)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate at most (default 128)")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, reported in the stats)")
+    p.add_argument("--chat", action="store_true", default=None, help="wrap the prompt in the model's chat template")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description="Exact speculative decoding (Leviathan, Kalman & Matias, ICML 2023) for transformer models.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text, speculatively, with statistics")
+    gen.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
+    _add_generation_options(gen)
+    gen.add_argument("--json", action="store_true", help="print one JSON document (text, token_ids, stats) instead of streaming")
+    gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                     help="colour tokens by origin: green = accepted from the draft, blue = produced by the target")
+
+    bench = sub.add_parser("bench", help="benchmark plain vs speculative decoding vs transformers' own generate")
+    from specdec import bench as bench_module
+
+    bench_module.add_arguments(bench)
+
+    sub.add_parser("presets", help="list the packaged model presets")
+    return parser
+
+
+class _Streamer:
+    """Prints generated text as tokens are accepted, optionally coloured by origin."""
+
+    def __init__(self, model, colour: bool):
+        self.model, self.colour = model, colour
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def __call__(self, tokens: list[int], from_draft: list[bool]) -> None:
+        for token, drafted in zip(tokens, from_draft):
+            self.ids.append(token)
+            text = self.model.decode(self.ids)
+            if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+                continue
+            piece = text[len(self.printed):]
+            self.printed = text
+            if self.colour and piece:
+                piece = (COLOUR_DRAFT if drafted else COLOUR_TARGET) + piece + COLOUR_RESET
+            sys.stdout.write(piece)
+        sys.stdout.flush()
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import specdec
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    config = specdec.GenerationConfig.from_options(
+        gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
+    )
+    if not prompt.strip():
+        raise specdec.SpecDecError("the prompt is empty; give some text to continue")
+    target = specdec.load(args.target, dtype=args.dtype)
+    draft = None if args.draft.lower() == "none" else args.draft
+    if args.json:
+        out = specdec.generate(target, prompt, draft=draft, config=config)
+        print(json.dumps(out.to_dict(), indent=2))
+        return 0
+    colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    streamer = _Streamer(target, colour)
+    out = specdec.generate(target, prompt, draft=draft, config=config, on_tokens=streamer)
+    if out.text != streamer.printed:  # a stop string cut the text: show where it ends
+        sys.stdout.write("\n[stopped at a stop string]")
+    sys.stdout.write("\n\n")
+    if colour:
+        sys.stdout.write(f"{COLOUR_DRAFT}accepted from the draft{COLOUR_RESET}  {COLOUR_TARGET}produced by the target{COLOUR_RESET}\n")
+    print(f"target {target.name}, draft {args.draft}")
+    print(out.stats.summary())
+    return 0
+
+
+def _presets() -> int:
+    from specdec.models.presets import PRESETS
+
+    for name, preset in PRESETS.items():
+        print(f"{name:22s} {preset.description}\n{'':22s} install: {preset.pip_command}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from specdec.errors import SpecDecError
+
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "bench":
+            from specdec import bench
+
+            return bench.main(args)
+        if args.command == "presets":
+            return _presets()
+    except SpecDecError as err:
+        print(f"specdec: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nspecdec: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

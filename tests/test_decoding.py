@@ -1,0 +1,156 @@
+"""The decoding loop on tiny random models: greedy exactness, rollback, seeds, stops, statistics."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.models.causal import KVSession
+from tiny import load_tiny, perturbed, tiny_gemma3
+
+PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
+N_NEW = 40
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+def target(request):
+    if request.param == "gemma3":
+        return tiny_gemma3(eos=None)
+    return load_tiny(request.param, eos=None)
+
+
+def plain_greedy(model, prompt=PROMPT, n=N_NEW):
+    return specdec.generate(model, prompt, max_new_tokens=n, temperature=0)
+
+
+def drafts_for(target):
+    return {
+        "good (perturbed copy)": perturbed(target, 0.05),
+        "poor (heavily perturbed)": perturbed(target, 1.0, seed=7),
+        "target as its own draft": target,
+        "random": "random",
+        "prompt-lookup": "prompt-lookup",
+        "bigram": "bigram",
+    }
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+def test_greedy_speculative_equals_plain_greedy(target, gamma):
+    plain = plain_greedy(target)
+    assert len(plain.token_ids) == N_NEW
+    for name, draft in drafts_for(target).items():
+        out = specdec.generate(target, PROMPT, draft=draft, gamma=gamma, max_new_tokens=N_NEW, temperature=0)
+        assert out.token_ids == plain.token_ids, f"{name}, gamma={gamma}"
+        assert out.stats.target_calls <= plain.stats.target_calls
+
+
+def test_plain_greedy_equals_transformers_generate(target):
+    plain = plain_greedy(target)
+    hf = target.hf_model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=N_NEW, min_new_tokens=N_NEW,
+                                  pad_token_id=3)
+    assert hf[0, len(PROMPT):].tolist() == plain.token_ids
+
+
+def test_target_as_its_own_draft_accepts_everything(target):
+    out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW - 5)  # 35 = 7 steps of 5
+    assert out.stats.acceptance_rate == 1.0
+    assert out.stats.alpha == 1.0
+    assert out.stats.mean_accepted_length == 5.0
+    assert all(out.from_draft[i] == (i % 5 != 4) for i in range(len(out.token_ids)))
+
+
+def test_rollback_gives_the_logits_of_a_fresh_forward(target):
+    torch.manual_seed(0)
+    session = KVSession(target)
+    base = PROMPT + [20, 21, 22]
+    session.forward(base + [30, 31, 32, 33], 5)  # speculative tail, then rejected
+    session.forward(base + [40], 2)  # rollback of 4 tokens, one new token
+    session.forward(base + [40, 41, 42], 1)
+    logits = session.forward(base + [40, 41, 50, 51], 3)  # rollback of 1
+    with torch.inference_mode():
+        fresh = target.hf_model(input_ids=torch.tensor([base + [40, 41, 50, 51]])).logits[0, -3:]
+    torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)
+    assert session.tokens == base + [40, 41, 50, 51]
+
+
+def test_rollback_across_the_sliding_window():
+    model = tiny_gemma3(sliding_window=4)
+    session = KVSession(model)
+    seq = PROMPT + [20, 21, 22, 23, 24, 25]  # longer than the window
+    session.forward(seq, 1)
+    session.forward(seq + [30, 31, 32], 3)
+    session.forward(seq + [30, 33, 34], 2)  # rollback of 2 beyond the window start
+    logits = session.forward(seq + [30, 33, 34, 35], 1)
+    with torch.inference_mode():
+        fresh = model.hf_model(input_ids=torch.tensor([seq + [30, 33, 34, 35]])).logits[0, -1:]
+    torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)
+
+
+def test_same_seed_same_output_and_seeds_differ():
+    target = load_tiny()
+    draft = perturbed(target, 0.3)
+    runs = [specdec.generate(target, PROMPT, draft=draft, gamma=3, max_new_tokens=30, temperature=1.0, seed=s).token_ids
+            for s in (5, 5, 6)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_temperature_zero_ignores_the_seed():
+    target = load_tiny()
+    draft = perturbed(target, 0.3)
+    outs = {tuple(specdec.generate(target, PROMPT, draft=draft, max_new_tokens=20, seed=s).token_ids) for s in range(4)}
+    assert len(outs) == 1
+
+
+def test_max_new_tokens_is_exact_with_speculation():
+    target = load_tiny()
+    for n in (1, 2, 3, 7):
+        out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=n)
+        assert len(out.token_ids) == n and out.stats.stop_reason == "max_new_tokens"
+
+
+def test_eos_ends_generation_and_is_kept():
+    plain = plain_greedy(load_tiny())
+    eos = plain.token_ids[5]
+    first = plain.token_ids.index(eos)
+    target = load_tiny(eos=eos)
+    for draft in (None, target, "prompt-lookup"):
+        out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW)
+        assert out.token_ids == plain.token_ids[: first + 1]
+        assert out.stats.stop_reason == "eos"
+
+
+def test_stop_string_cuts_text():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    words = plain.text.split()
+    stop = words[6]
+    out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW, stop=[stop])
+    assert out.stats.stop_reason == "stop"
+    assert stop not in out.text
+    assert plain.text.startswith(out.text)
+    assert out.text.split() == words[: words.index(stop)]
+    assert target.decode(out.token_ids).endswith(stop)  # tokens end with the one that completed the stop
+
+
+def test_streaming_callback_sees_every_token_with_its_origin():
+    target = load_tiny()
+    seen, origins = [], []
+    out = specdec.generate(target, PROMPT, draft=perturbed(target, 0.3), gamma=4, max_new_tokens=25,
+                           on_tokens=lambda toks, fd: (seen.extend(toks), origins.extend(fd)))
+    assert seen == out.token_ids and origins == out.from_draft
+    assert sum(origins) == out.stats.accepted
+    assert out.stats.target_calls == len(origins) - sum(origins)  # one target token per step
+
+
+def test_statistics_are_consistent():
+    target = load_tiny()
+    out = specdec.generate(target, PROMPT, draft=perturbed(target, 0.5), gamma=4, max_new_tokens=N_NEW)
+    s = out.stats
+    assert s.new_tokens == N_NEW == s.accepted + s.target_calls
+    assert s.mean_accepted_length == pytest.approx(N_NEW / s.target_calls)
+    assert sum(s.accepted_per_position) == s.accepted and sum(s.drafted_per_position) == s.drafted
+    assert s.draft_calls >= s.drafted - s.target_calls  # at least one forward per drafted token after the first step
+    assert 0.0 <= s.alpha <= 1.0
+    assert s.time_total >= s.time_draft + s.time_target
+    d = s.to_dict()
+    assert d["mean_accepted_length"] == s.mean_accepted_length and d["alpha"] == s.alpha
