@@ -1,0 +1,115 @@
+"""Parameter-free drafters, table-driven from their docstring examples, and the drafter protocol."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters import DraftContext, Drafter, NGramDrafter, PromptLookupDrafter, RandomDrafter, find_continuation, make_drafter
+from specdec.sampling import SamplingParams
+from tiny import load_tiny
+
+
+@pytest.mark.parametrize(
+    "context, k, max_ngram, expected",
+    [
+        ([1, 2, 3, 4, 1, 2], 2, 3, [3, 4]),
+        ([5, 6, 7, 5, 6, 8, 5, 6], 3, 3, [8, 5, 6]),  # the most recent match wins
+        ([1, 2, 3], 2, 3, []),  # nothing repeats
+        ([1, 2, 3, 9, 2, 3], 5, 3, [9, 2, 3]),  # a 2-gram match; fewer than k tokens follow
+        ([4, 1, 2, 3, 7, 7, 2, 3], 2, 3, [7, 7]),  # "2 3" seen at positions 2-3
+        ([4, 1, 2, 3, 7, 7, 2, 3], 2, 1, [7, 7]),  # max_ngram 1: only "3" is matched (at index 3)
+        ([9, 3, 5, 1, 2, 3], 2, 1, [5, 1]),  # unigram match on the most recent earlier "3"
+        ([1, 1, 1, 1], 3, 3, [1]),  # the 3-gram [1 1 1] occurs at 0..2, followed by one token
+        ([1, 2, 1, 2, 1, 2], 0, 3, []),  # k = 0
+    ],
+)
+def test_find_continuation(context, k, max_ngram, expected):
+    assert find_continuation(context, k, max_ngram=max_ngram) == expected
+
+
+def _ctx(prompt, temperature=0.0, vocab=16):
+    return DraftContext(prompt, SamplingParams(temperature=temperature), torch.Generator().manual_seed(0), vocab)
+
+
+def test_prompt_lookup_drafter_proposes_without_probabilities():
+    d = PromptLookupDrafter()
+    d.start(_ctx([1, 2, 3, 4, 1, 2]))
+    draft = d.propose([1, 2, 3, 4, 1, 2], 4)
+    assert draft.tokens.tolist() == [3, 4, 1, 2] and draft.q is None
+
+
+def test_bigram_counts_and_greedy_proposal():
+    d = NGramDrafter(order=2, corpus_ids=[7, 8, 7, 8, 7, 9])
+    assert d.counts_after(7) == {8: 2, 9: 1}
+    d.start(_ctx([7]))
+    draft = d.propose([3, 7], 3)  # 7 -> 8 (2 of 3), 8 -> 7, 7 -> 8
+    assert draft.tokens.tolist() == [8, 7, 8]
+    assert draft.q.shape == (3, 16) and draft.q[0].tolist()[8] == 1.0  # greedy q is one-hot
+
+
+def test_bigram_q_is_the_normalised_counts_at_temperature_one():
+    d = NGramDrafter(order=2, corpus_ids=[7, 8, 7, 8, 7, 9])
+    d.start(_ctx([7], temperature=1.0))
+    q = d.propose([7], 1).q[0]
+    torch.testing.assert_close(q[[8, 9]], torch.tensor([2 / 3, 1 / 3]))
+    assert q.sum().item() == pytest.approx(1.0)
+
+
+def test_bigram_backs_off_to_unigram_for_unseen_tokens():
+    d = NGramDrafter(order=2, corpus_ids=[1, 2, 2, 2, 3])
+    d.start(_ctx([1], temperature=1.0))
+    q = d.propose([9], 1).q[0]  # 9 never seen: unigram counts 1:1, 2:3, 3:1
+    torch.testing.assert_close(q[[1, 2, 3]], torch.tensor([0.2, 0.6, 0.2]))
+
+
+def test_unigram_from_the_prompt_learns_generated_tokens():
+    d = NGramDrafter(order=1)
+    d.start(_ctx([5, 5, 6]))
+    assert d.propose([5, 5, 6], 1).tokens.tolist() == [5]
+    # after the sequence grows with many 6s, 6 becomes the most frequent token
+    assert d.propose([5, 5, 6, 6, 6, 6], 1).tokens.tolist() == [6]
+
+
+def test_random_drafter_is_uniform_over_real_tokens():
+    d = RandomDrafter(n_tokens=10)
+    d.start(_ctx([1], temperature=1.0))
+    draft = d.propose([1], 2000)
+    assert draft.tokens.max() < 10
+    torch.testing.assert_close(draft.q[0, :10], torch.full((10,), 0.1))
+    assert draft.q[0, 10:].sum() == 0
+    counts = torch.bincount(draft.tokens, minlength=10).float()
+    assert counts.min() > 140 and counts.max() < 260  # 200 expected each; 4.5 standard deviations
+
+
+def test_make_drafter_names_and_protocol():
+    target = load_tiny()
+    assert make_drafter(None, target) is None
+    assert isinstance(make_drafter("prompt-lookup", target), PromptLookupDrafter)
+    assert make_drafter("bigram", target).order == 2 and make_drafter("unigram", target).order == 1
+    assert isinstance(make_drafter("random", target), RandomDrafter)
+    assert make_drafter(target, target).model is target
+    for name in ("prompt-lookup", "bigram", "random"):
+        assert isinstance(make_drafter(name, target), Drafter)
+
+
+def test_custom_drafter_plugs_in():
+    class Echo:
+        """Always proposes the last token again, without probabilities."""
+
+        name, forward_passes = "echo", 0
+
+        def start(self, context):
+            self.feedback = []
+
+        def propose(self, sequence, k):
+            return specdec.drafters.Draft(torch.tensor([sequence[-1]] * k), None)
+
+        def update(self, n_accepted):
+            self.feedback.append(n_accepted)
+
+    target = load_tiny()
+    echo = Echo()
+    plain = specdec.generate(target, [1, 10, 11], max_new_tokens=20)
+    out = specdec.generate(target, [1, 10, 11], draft=echo, gamma=3, max_new_tokens=20)
+    assert out.token_ids == plain.token_ids
+    assert len(echo.feedback) == out.stats.target_calls and sum(echo.feedback) == out.stats.accepted
