@@ -91,6 +91,9 @@ def generate(
         prompt_ids = target.encode(prompt, chat=config.chat)
     else:
         prompt_ids = [int(t) for t in prompt]
+        bad = [t for t in prompt_ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise SpecDecError(f"prompt token ids must be in [0, {target.vocab_size}), got {bad[:5]}")
     if not prompt_ids:
         raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
     max_context = target.max_context

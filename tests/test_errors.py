@@ -1,0 +1,105 @@
+"""Bad input: each case raises SpecDecError with a message that names the problem and the fix."""
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import specdec
+from specdec import SpecDecError
+from tiny import VOCAB, load_tiny, tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_tiny()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"gamma": 0}, "gamma must be an integer >= 1"),
+        ({"gamma": -3}, "gamma must be an integer >= 1"),
+        ({"gamma": 2.5}, "gamma must be an integer >= 1"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"top_p": 0.0}, "top_p must be in \\(0, 1\\]"),
+        ({"top_p": 1.01}, "top_p must be in \\(0, 1\\]"),
+        ({"top_k": 0}, "top_k must be an integer >= 1"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+        ({"stop": [""]}, "stop must be non-empty strings"),
+        ({"seed": "abc"}, "seed must be an integer"),
+        ({"beams": 3}, "unknown generation option\\(s\\): beams"),
+    ],
+)
+def test_invalid_generation_settings(target, options, message):
+    with pytest.raises(SpecDecError, match=message):
+        specdec.generate(target, "w1 w2", draft="prompt-lookup", **options)
+
+
+def test_empty_prompt(target):
+    for prompt in ("", "   ", []):
+        with pytest.raises(SpecDecError, match="prompt is empty"):
+            specdec.generate(target, prompt)
+
+
+def test_prompt_longer_than_the_context(target):
+    assert target.max_context == 256
+    with pytest.raises(SpecDecError, match="the prompt has 300 tokens but .* reads at most 256; shorten the prompt"):
+        specdec.generate(target, [5] * 300)
+
+
+def test_generation_stops_at_the_context_end(target):
+    out = specdec.generate(target, [5] * 250, draft=target, max_new_tokens=20)
+    assert len(out.token_ids) == 6 and out.stats.stop_reason == "context"
+
+
+def test_prompt_token_ids_out_of_range(target):
+    with pytest.raises(SpecDecError, match="prompt token ids must be in \\[0, 96\\)"):
+        specdec.generate(target, [1, 500])
+
+
+def test_draft_with_a_different_vocabulary(target):
+    other_words = ["<unk>", "<s>", "</s>", "<pad>"] + [f"x{i}" for i in range(92)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(other_words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    other = specdec.load(tiny_model(seed=3), tokenizer=PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>"))
+    with pytest.raises(SpecDecError, match="does not share the target's vocabulary.*same tokenizer"):
+        specdec.generate(target, "w1 w2", draft=other)
+
+
+def test_draft_with_a_smaller_vocabulary(target):
+    small = specdec.load(tiny_model(vocab=50), tokenizer=PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB[:50])}, unk_token="<unk>"))))
+    with pytest.raises(SpecDecError, match="50 vs 96 tokens"):
+        specdec.generate(target, "w1 w2", draft=small)
+
+
+def test_unknown_preset_and_unknown_draft_name(target):
+    with pytest.raises(SpecDecError, match="unknown model 'qwen2.5-coder-1.5':.*Did you mean 'qwen2.5-coder-1.5b'"):
+        specdec.load("qwen2.5-coder-1.5")
+    with pytest.raises(SpecDecError, match="also accepted: prompt-lookup, unigram, bigram, random"):
+        specdec.generate(target, "w1", draft="prompt-lookpu")
+
+
+def test_model_without_tokenizer():
+    with pytest.raises(SpecDecError, match="needs the model's tokenizer"):
+        specdec.load(tiny_model())
+
+
+def test_bad_dtype_and_missing_paths(tmp_path):
+    with pytest.raises(SpecDecError, match="unknown dtype 'int3'; use one of: bf16, fp32, fp16"):
+        specdec.load("smollm2-135m", dtype="int3")
+    with pytest.raises(SpecDecError, match="GGUF file not found"):
+        specdec.load(str(tmp_path / "missing.gguf"))
+    with pytest.raises(SpecDecError, match="not a Hugging Face model folder"):
+        specdec.load(str(tmp_path))
+
+
+def test_chat_without_a_template(target):
+    with pytest.raises(SpecDecError, match="has no chat template; drop chat=True"):
+        specdec.generate(target, "w1 w2", chat=True)
+
+
+def test_config_and_options_together(target):
+    with pytest.raises(SpecDecError, match="either config= or keyword options"):
+        specdec.generate(target, "w1", config=specdec.GenerationConfig(), gamma=3)
