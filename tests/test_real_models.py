@@ -1,0 +1,79 @@
+"""Greedy exactness on the real packaged models (fp32): speculative == plain == transformers.
+
+These load real GGUF-packaged models (converted once into ~/.cache/specdec, or SPECDEC_CACHE).
+"""
+
+import pytest
+import torch
+
+import specdec
+
+pytestmark = pytest.mark.slow
+
+CODE_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+def hf_greedy(model, prompt_ids, n):
+    with torch.inference_mode():
+        out = model.hf_model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n,
+                                      pad_token_id=model.tokenizer.pad_token_id or 0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return specdec.load("smollm2-135m", dtype="fp32")
+
+
+@pytest.mark.parametrize("prompt", [CODE_PROMPT, TEXT_PROMPT])
+def test_smollm2_speculative_equals_plain_and_transformers(smollm, prompt):
+    n = 40
+    plain = specdec.generate(smollm, prompt, max_new_tokens=n)
+    assert plain.token_ids == hf_greedy(smollm, plain.prompt_ids, n)[: len(plain.token_ids)]
+    for draft in (smollm, "prompt-lookup", "random", "bigram"):
+        for gamma in (1, 2, 4, 8):
+            out = specdec.generate(smollm, prompt, draft=draft, gamma=gamma, max_new_tokens=n)
+            assert out.token_ids == plain.token_ids, (getattr(draft, "name", draft), gamma)
+
+
+def test_smollm2_chat_template(smollm):
+    out = specdec.generate(smollm, "What is the capital of France?", chat=True, max_new_tokens=20, draft="prompt-lookup")
+    assert out.prompt_ids[:3] != smollm.encode("What is")[:3]  # the template wraps the prompt
+    assert "Paris" in out.text
+
+
+def test_smollm2_bf16_sampling_is_seeded(smollm):
+    model = specdec.load("smollm2-135m")  # bf16 default
+    assert model.dtype == torch.bfloat16
+    a = specdec.generate(model, TEXT_PROMPT, draft="prompt-lookup", temperature=1.0, seed=3, max_new_tokens=20)
+    b = specdec.generate(model, TEXT_PROMPT, draft="prompt-lookup", temperature=1.0, seed=3, max_new_tokens=20)
+    assert a.token_ids == b.token_ids
+
+
+def test_gemma3_speculative_equals_plain():
+    gemma = specdec.load("gemma3-270m", dtype="fp32")
+    plain = specdec.generate(gemma, TEXT_PROMPT, max_new_tokens=24)
+    assert plain.token_ids == hf_greedy(gemma, plain.prompt_ids, 24)[: len(plain.token_ids)]
+    for gamma in (2, 5):
+        for draft in ("prompt-lookup", gemma):
+            out = specdec.generate(gemma, TEXT_PROMPT, draft=draft, gamma=gamma, max_new_tokens=24)
+            assert out.token_ids == plain.token_ids
+
+
+def test_mismatched_real_tokenizers(smollm):
+    gemma = specdec.load("gemma3-270m")
+    with pytest.raises(specdec.SpecDecError, match="does not share the target's vocabulary"):
+        specdec.generate(smollm, "hello", draft=gemma)
+
+
+def test_qwen_pair_speculative_equals_plain_and_transformers():
+    target = specdec.load("qwen2.5-coder-1.5b", dtype="fp32")
+    draft = specdec.load("qwen2.5-coder-0.5b", dtype="fp32")
+    n = 32
+    plain = specdec.generate(target, CODE_PROMPT, max_new_tokens=n)
+    assert plain.token_ids == hf_greedy(target, plain.prompt_ids, n)[: len(plain.token_ids)]
+    for d, gamma in ((draft, 1), (draft, 4), ("prompt-lookup", 4)):
+        out = specdec.generate(target, CODE_PROMPT, draft=d, gamma=gamma, max_new_tokens=n)
+        assert out.token_ids == plain.token_ids, (getattr(d, "name", d), gamma)
+    assert out.stats.target_calls <= n
