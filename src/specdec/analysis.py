@@ -1,0 +1,96 @@
+"""The paper's closed forms (Leviathan, Kalman & Matias 2023, Section 3).
+
+alpha: acceptance rate, E[beta] with beta = sum_x min(p(x), q(x)) (Theorem 5, Corollary 6).
+gamma: drafted tokens per target call.
+c: cost coefficient, time of one draft step / time of one target step (Definition 7).
+c_hat: arithmetic operations per token of the draft / of the target (Theorem 10).
+
+All functions accept alpha = 1 and alpha = 0 without dividing by zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _check_alpha(alpha: float) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+
+
+def _check_gamma(gamma: int) -> None:
+    if gamma < 0 or int(gamma) != gamma:
+        raise ValueError(f"gamma must be a non-negative integer, got {gamma}")
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Equation 1: expected tokens per run of Algorithm 1, (1 - alpha^(gamma+1)) / (1 - alpha).
+
+    The limit at alpha = 1 is gamma + 1 (every draft accepted, plus the bonus token).
+    """
+    _check_alpha(alpha)
+    _check_gamma(gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    # sum_{i=0}^{gamma} alpha^i, the same value without cancellation near alpha = 1
+    return float(sum(alpha**i for i in range(gamma + 1)))
+
+
+def walltime_improvement(alpha: float, gamma: int, c: float) -> float:
+    """Theorem 8: expected walltime improvement, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))."""
+    if c < 0:
+        raise ValueError(f"c must be >= 0, got {c}")
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+def operations_factor(alpha: float, gamma: int, c_hat: float) -> float:
+    """Theorem 10: expected factor of increase in arithmetic operations,
+    (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))."""
+    if c_hat < 0:
+        raise ValueError(f"c_hat must be >= 0, got {c_hat}")
+    return (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
+
+
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 32) -> int:
+    """Section 3.5: the integer gamma in [1, max_gamma] maximising Theorem 8 (smallest on ties)."""
+    if max_gamma < 1:
+        raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
+    best, best_value = 1, -math.inf
+    for gamma in range(1, max_gamma + 1):
+        value = walltime_improvement(alpha, gamma, c)
+        if value > best_value + 1e-12:
+            best, best_value = gamma, value
+    return best
+
+
+def min_improvement(alpha: float, c: float) -> float:
+    """Corollary 9: when alpha > c, some gamma improves walltime by at least (1 + alpha) / (1 + c)
+    (Theorem 8 at gamma = 1)."""
+    _check_alpha(alpha)
+    return (1.0 + alpha) / (1.0 + c)
+
+
+def oracle_expected_tokens(alpha: float) -> float:
+    """Section 3.5: with an oracle choosing gamma per step, expected tokens per target call is
+    1 / (1 - alpha) (infinite at alpha = 1)."""
+    _check_alpha(alpha)
+    return math.inf if alpha == 1.0 else 1.0 / (1.0 - alpha)
+
+
+def alpha_from_distributions(p: torch.Tensor, q: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
+    """beta = sum_x min(p(x), q(x)) per row (Theorem 5); with lenience l in (0, 1]:
+    sum_x min(p(x) / l, q(x)) (Appendix A.5).
+
+    p, q: [..., V] probabilities. Returns [...]. The mean over positions is the empirical alpha.
+    """
+    if not 0.0 < lenience <= 1.0:
+        raise ValueError(f"lenience must be in (0, 1], got {lenience}")
+    return torch.minimum(p / lenience, q).sum(-1)
+
+
+def lk_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """D_LK(p, q) = sum_x |p(x) - M(x)| with M = (p + q) / 2, which equals 1 - sum_x min(p, q)
+    (Definition 2, Lemma 3). p, q: [..., V] -> [...]."""
+    return (p - (p + q) / 2).abs().sum(-1)
