@@ -72,3 +72,28 @@ def tiny_gemma3(sliding_window: int = 6, seed: int = 0, eos: int | None = 2):
     model = Gemma3ForCausalLM(cfg).float().eval()
     model.generation_config.eos_token_id = eos
     return specdec.load(model, tokenizer=tiny_tokenizer(), name="tiny-gemma3")
+
+
+def tiny_seq2seq(kind: str = "t5", seed: int = 0, vocab: int = len(VOCAB), layers: int = 2, d_model: int = 64,
+                 eos: int | None = 2):
+    """A tiny random encoder-decoder (T5 or BART) sharing the word-level tokenizer."""
+    from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    if kind == "t5":
+        cfg = T5Config(vocab_size=vocab, d_model=d_model, d_kv=16, d_ff=2 * d_model, num_layers=layers,
+                       num_decoder_layers=layers, num_heads=4, pad_token_id=3, eos_token_id=eos,
+                       decoder_start_token_id=3, tie_word_embeddings=False)
+        model = T5ForConditionalGeneration(cfg)
+    elif kind == "bart":
+        cfg = BartConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * d_model,
+                         decoder_ffn_dim=2 * d_model, max_position_embeddings=256, pad_token_id=3, bos_token_id=1,
+                         eos_token_id=eos, decoder_start_token_id=1, forced_eos_token_id=None)
+        model = BartForConditionalGeneration(cfg)
+    else:
+        raise ValueError(kind)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.forced_eos_token_id = None
+    model.generation_config.forced_bos_token_id = None
+    return specdec.load(model.float().eval(), tokenizer=tiny_tokenizer(), name=f"tiny-{kind}")

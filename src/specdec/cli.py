@@ -22,10 +22,17 @@ COLOUR_RESET = "\033[0m"
 
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: preset, folder, hub id or .gguf (default {DEFAULT_TARGET})")
-    p.add_argument("--draft", default=DEFAULT_DRAFT,
+    p.add_argument("--draft", action="append", default=None,
                    help=f"draft: a model (preset, folder, hub id, .gguf), or prompt-lookup, bigram, unigram, random; "
-                        f"'none' for plain decoding (default {DEFAULT_DRAFT})")
+                        f"'none' for plain decoding (default {DEFAULT_DRAFT}). Repeat for hierarchical drafting: "
+                        "--draft MODEL --draft prompt-lookup (each model level is drafted for by the next)")
     p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
+    p.add_argument("--draft-quantize", default=None, metavar="METHOD",
+                   help="quantize a model draft: int8 (per-channel dynamic int8, the fastest draft on CPU) or "
+                        "int8-tensor; never changes the output")
+    p.add_argument("--quantize", default=None, metavar="METHOD",
+                   help="quantize the TARGET (opt-in): the output is then exact for the quantized target, "
+                        "not the original model")
     p.add_argument("--gamma", type=int, default=None, help="draft tokens per target call (default 4)")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
@@ -34,6 +41,13 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, reported in the stats)")
     p.add_argument("--chat", action="store_true", default=None, help="wrap the prompt in the model's chat template")
+    p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
+                   help="how gamma varies (all exact): constant (default), heuristic (+2/-1), adaptive (Theorem 8 "
+                        "with running alpha and c), confidence (the draft stops when unsure)")
+    p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
+    p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
+    p.add_argument("--lenience", type=float, default=None,
+                   help="paper A.5: l in (0, 1]; below 1 trades exactness for speed (default 1 = exact)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +95,26 @@ class _Streamer:
         sys.stdout.flush()
 
 
+def _load_draft(args: argparse.Namespace, target):
+    """The --draft options: 'none', drafter names, or models loaded like the target (a list: a hierarchy)."""
+    import specdec
+    from specdec.drafters import DRAFTER_NAMES
+
+    names = args.draft or [DEFAULT_DRAFT]
+    if [n.lower() for n in names] == ["none"]:
+        return None
+    drafts = []
+    for name in names:
+        if name in DRAFTER_NAMES:
+            drafts.append(name)
+            continue
+        try:
+            drafts.append(specdec.load(name, dtype=args.dtype, quantize=args.draft_quantize))
+        except specdec.SpecDecError as err:
+            raise specdec.SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)}, none)") from None
+    return drafts[0] if len(drafts) == 1 else drafts
+
+
 def _generate(args: argparse.Namespace) -> int:
     import specdec
 
@@ -88,11 +122,13 @@ def _generate(args: argparse.Namespace) -> int:
     config = specdec.GenerationConfig.from_options(
         gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
+        gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
+        lenience=args.lenience,
     )
     if not prompt.strip():
         raise specdec.SpecDecError("the prompt is empty; give some text to continue")
-    target = specdec.load(args.target, dtype=args.dtype)
-    draft = None if args.draft.lower() == "none" else args.draft
+    target = specdec.load(args.target, dtype=args.dtype, quantize=args.quantize)
+    draft = _load_draft(args, target)
     if args.json:
         out = specdec.generate(target, prompt, draft=draft, config=config)
         print(json.dumps(out.to_dict(), indent=2))
@@ -105,7 +141,7 @@ def _generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n\n")
     if colour:
         sys.stdout.write(f"{COLOUR_DRAFT}accepted from the draft{COLOUR_RESET}  {COLOUR_TARGET}produced by the target{COLOUR_RESET}\n")
-    print(f"target {target.name}, draft {args.draft}")
+    print(f"target {target.name}, draft {' <- '.join(args.draft or [DEFAULT_DRAFT])}")
     print(out.stats.summary())
     return 0
 

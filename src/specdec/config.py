@@ -22,6 +22,12 @@ class GenerationConfig:
     stop: strings that end the generation; the text is cut before the first one.
     chat: wrap the prompt in the model's chat template (instruct models).
     seed: seed of the single random generator of the run (None: a fresh random seed, reported in the stats).
+    gamma_schedule: how gamma varies during decoding (all exact): constant, heuristic, adaptive, confidence
+      (see specdec.schedules).
+    max_gamma: upper bound of the varying schedules (heuristic, adaptive, confidence); None: max(12, gamma).
+    confidence: the confidence schedule's threshold on the draft's top probability, in (0, 1).
+    lenience: l in (0, 1] (paper Appendix A.5). 1 is exact; below 1 the output is NOT the target's
+      distribution any more (no token gets more than p(x) / l), and the stats say so.
     """
 
     gamma: int = 4
@@ -32,6 +38,10 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     chat: bool = False
     seed: int | None = None
+    gamma_schedule: str = "constant"
+    max_gamma: int | None = None
+    confidence: float = 0.5
+    lenience: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
@@ -51,6 +61,27 @@ class GenerationConfig:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise SpecDecError(f"seed must be an integer or None, got {self.seed!r}")
         self.sampling  # validates temperature, top_k, top_p
+        from specdec.schedules import SCHEDULES
+
+        if self.gamma_schedule not in SCHEDULES:
+            raise SpecDecError(f"gamma_schedule must be one of {', '.join(SCHEDULES)}, got {self.gamma_schedule!r}")
+        if self.max_gamma is not None and (
+            isinstance(self.max_gamma, bool) or not isinstance(self.max_gamma, int) or self.max_gamma < self.gamma
+        ):
+            raise SpecDecError(f"max_gamma must be an integer >= gamma ({self.gamma}), got {self.max_gamma!r}")
+        if not isinstance(self.confidence, (int, float)) or not 0.0 < self.confidence < 1.0:
+            raise SpecDecError(f"confidence must be in (0, 1), got {self.confidence!r}")
+        if not isinstance(self.lenience, (int, float)) or not 0.0 < self.lenience <= 1.0:
+            raise SpecDecError(f"lenience must be in (0, 1] (1 = exact), got {self.lenience!r}")
+
+    @property
+    def gamma_bound(self) -> int:
+        return self.max_gamma if self.max_gamma is not None else max(12, self.gamma)
+
+    @property
+    def exact(self) -> bool:
+        """True when the output follows the target's distribution exactly (no lenience)."""
+        return self.lenience == 1.0
 
     @property
     def sampling(self) -> SamplingParams:

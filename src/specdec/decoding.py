@@ -18,12 +18,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specdec.acceptance import acceptance_probability, greedy_verification, speculative_sampling
+from specdec.acceptance import (
+    acceptance_probability, greedy_verification, lenient_greedy_mask, speculative_sampling,
+)
 from specdec.config import GenerationConfig
 from specdec.drafters import DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.sampling import standardize
+from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 
 # on_tokens(new_token_ids, from_draft): called as tokens are accepted; from_draft[i] is True when
@@ -70,9 +73,10 @@ def generate(
     target: a model from :func:`specdec.load` (or anything it accepts).
     prompt: text, or a list of token ids (then ``chat`` is ignored).
     draft: None (plain decoding), a drafter name ("prompt-lookup", "bigram", "unigram", "random"),
-      a model (loaded or a preset name), or a :class:`~specdec.drafters.Drafter`.
+      a model (loaded or a preset name), a :class:`~specdec.drafters.Drafter`, or a list of them for
+      hierarchical drafting (``[draft_model, "prompt-lookup"]``).
     config / options: a :class:`GenerationConfig`, or its fields as keywords (gamma, temperature,
-      top_k, top_p, max_new_tokens, stop, chat, seed).
+      top_k, top_p, max_new_tokens, stop, chat, seed, gamma_schedule, max_gamma, confidence, lenience).
     on_tokens: streaming callback, see :data:`TokenCallback`.
 
     At temperature 0 the tokens equal plain greedy decoding of the target; otherwise they follow the
@@ -83,7 +87,8 @@ def generate(
     elif options:
         raise SpecDecError("pass either config= or keyword options, not both")
     target = load(target)
-    drafter = make_drafter(draft, target)
+    drafter = make_drafter(draft, target, inner_gamma=config.gamma)
+    schedule = make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound)
 
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -117,7 +122,9 @@ def generate(
         limit = min(limit, max_context - start_len)
     if drafter is not None:
         t0 = time.perf_counter()
-        drafter.start(DraftContext(prompt_ids, sampling, generator, target.vocab_size, frozenset(eos)))
+        source = prompt_ids if target.is_encoder_decoder else ()
+        stop_below = config.confidence if config.gamma_schedule == "confidence" else None
+        drafter.start(DraftContext(prompt_ids, sampling, generator, target.vocab_size, frozenset(eos), source, stop_below))
         stats.time_draft += time.perf_counter() - t0
     from_draft: list[bool] = []
     stop_text: str | None = None
@@ -125,7 +132,7 @@ def generate(
     while True:
         generated = len(sequence) - start_len
         # Never draft past the budget: n accepted + 1 target token must fit.
-        k = min(config.gamma, limit - generated - 1) if drafter is not None else 0
+        k = min(schedule.next_gamma(), limit - generated - 1) if drafter is not None else 0
         t0 = time.perf_counter()
         if k > 0:
             calls_before = drafter.forward_passes
@@ -138,21 +145,30 @@ def generate(
         draft_tokens = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)  # [g]
         g = int(draft_tokens.shape[0])
         logits = session.forward(sequence + draft_tokens.tolist(), g + 1)  # [g + 1, V]
-        stats.time_target += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        stats.time_target += t2 - t1
 
         if sampling.greedy:
             target_argmax = logits.argmax(dim=-1)  # [g + 1]
-            tokens, n = greedy_verification(target_argmax, draft_tokens)
-            betas = (target_argmax[: min(n + 1, g)] == draft_tokens[: min(n + 1, g)]).float().tolist()
+            lenient = lenient_greedy_mask(logits, draft_tokens, config.lenience) if not config.exact and g else None
+            tokens, n = greedy_verification(target_argmax, draft_tokens, lenient)
+            m = min(n + 1, g)
+            ok = target_argmax[:m] == draft_tokens[:m]
+            betas = (ok if lenient is None else ok | lenient[:m]).float().tolist()
         else:
             p = standardize(logits, sampling)  # [g + 1, V]
             q = proposal.q if proposal is not None else None
-            tokens, n = speculative_sampling(p, q, draft_tokens, generator)
+            tokens, n = speculative_sampling(p, q, draft_tokens, generator, lenience=config.lenience)
             m = min(n + 1, g)
-            betas = acceptance_probability(p[:m], None if q is None else q[:m], draft_tokens[:m]).tolist()
+            q_m = None if q is None else q[:m]
+            if config.exact:
+                betas = acceptance_probability(p[:m], q_m, draft_tokens[:m]).tolist()
+            else:  # Appendix A.5: sum_x min(p(x) / l, q(x))
+                betas = acceptance_probability(p[:m] / config.lenience, q_m, draft_tokens[:m]).clamp(max=1.0).tolist()
         stats.record_step(g, n, betas)
         if drafter is not None:
             drafter.update(n)
+            schedule.update(StepFeedback(g, n, betas, t1 - t0, t2 - t1))
 
         new = tokens.tolist()
         origins = [True] * n + [False]
@@ -186,5 +202,8 @@ def generate(
     token_ids = sequence[start_len:]
     stats.new_tokens = len(token_ids)
     stats.time_total = time.perf_counter() - t_start
+    stats.exact = config.exact
+    if hasattr(drafter, "level_stats"):
+        stats.levels = drafter.level_stats()
     text = stop_text if stop_text is not None else target.decode(token_ids)
     return GenerationOutput(text, token_ids, from_draft[: len(token_ids)], list(prompt_ids), stats, config)

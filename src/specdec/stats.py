@@ -37,6 +37,8 @@ class GenerationStats:
     time_total: float = 0.0
     seed: int | None = None
     stop_reason: str = ""
+    exact: bool = True  # False when lenience < 1: the output is not the target's distribution
+    levels: list[dict[str, Any]] = field(default_factory=list)  # hierarchical drafting: one entry per draft level
 
     def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
         self.target_calls += 1
@@ -96,6 +98,8 @@ class GenerationStats:
             "tokens_per_second": self.tokens_per_second,
             "seed": self.seed,
             "stop_reason": self.stop_reason,
+            "exact": self.exact,
+            "levels": self.levels,
         }
 
     def summary(self) -> str:
@@ -111,4 +115,12 @@ class GenerationStats:
             "acceptance per position: " + " ".join(f"{a:.2f}" for a in self.acceptance_per_position),
             f"time: draft {self.time_draft:.2f} s, target {self.time_target:.2f} s, other {self.time_other:.2f} s",
         ]
+        for level in self.levels:
+            lines.append(
+                f"  level {level['level']}: calls {level['target_calls']}, drafted {level['drafted']}, "
+                f"accepted {level['accepted']}, alpha {fmt(level['alpha'])}, "
+                f"time verify {level['time_target_s']:.2f} s, inner draft {level['time_draft_s']:.2f} s"
+            )
+        if not self.exact:
+            lines.append("NOT EXACT: lenience < 1, the output does not follow the target's distribution")
         return "\n".join(lines)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
 def _measure(args: argparse.Namespace, prompts: list[Prompt], prompt_ids: list[list[int]], target: LanguageModel,
              draft: Any, runners: dict[str, Any], skipped: dict[str, str], progress: bool) -> dict[str, Any]:
     names = list(runners)
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     total = (min(args.warmup, len(prompts)) + len(prompts) * args.repeats) * len(names)
     bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     for i in range(min(args.warmup, len(prompts))):
@@ -131,12 +133,14 @@ def _measure(args: argparse.Namespace, prompts: list[Prompt], prompt_ids: list[l
         for r in range(args.repeats):
             order = names[turn % len(names):] + names[: turn % len(names)]  # rotate the order every run
             turn += 1
-            record: dict[str, Any] = {"prompt": prompt.id, "repeat": r, "prompt_tokens": len(ids), "order": order}
+            record: dict[str, Any] = {"prompt": prompt.id, "repeat": r, "prompt_tokens": len(ids), "order": order,
+                                      "load_average": os.getloadavg()[0] if load_before else None}
             for name in order:
                 bar.set_postfix_str(f"{prompt.id} {name}")
                 trial = runners[name](ids)
                 trials[name].append(trial)
                 record[name] = {"new_tokens": len(trial.tokens), "seconds": trial.seconds,
+                                "cpu_utilization": trial.cpu_seconds / trial.seconds if trial.seconds > 0 else None,
                                 "tokens_per_second": len(trial.tokens) / trial.seconds if trial.seconds > 0 else None}
                 if trial.stats is not None:
                     record[name].update(target_calls=trial.stats.target_calls, alpha=trial.stats.alpha,
@@ -178,7 +182,10 @@ def _measure(args: argparse.Namespace, prompts: list[Prompt], prompt_ids: list[l
                             "set_on": "the assistant's generation_config (where transformers reads them)"}
             if "hf-assisted" in runners else None,
         },
-        "machine": machine_info(str(target.dtype).replace("torch.", "")),
+        "machine": {**machine_info(str(target.dtype).replace("torch.", "")),
+                    # 1-minute load averages: well above the thread count means other work shared the CPU
+                    "load_average_before": load_before[0] if load_before else None,
+                    "load_average_after": os.getloadavg()[0] if load_before else None},
         "methods": summaries,
         "speedups": speedups(summaries),
         "equality": equality,

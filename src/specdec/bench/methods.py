@@ -35,6 +35,7 @@ class Trial:
     tokens: list[int]
     seconds: float
     stats: GenerationStats | None = None  # specdec methods only
+    cpu_seconds: float = 0.0  # CPU time of this process during the call (all threads)
 
 
 @dataclass(frozen=True)
@@ -48,22 +49,29 @@ class Settings:
 Runner = Callable[[Sequence[int]], Trial]
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """fn's result, its wall seconds and this process's CPU seconds over the call.
+
+    CPU seconds / wall seconds near the torch thread count means the call had the cores to itself;
+    much lower means other work shared the CPU and the timing is not to be trusted.
+    """
     gc.collect()
     with torch.inference_mode():
+        c0 = time.process_time()
         t0 = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - t0
-    return result, seconds
+        cpu = time.process_time() - c0
+    return result, seconds, cpu
 
 
 def specdec_runner(target: LanguageModel, draft: Any, s: Settings) -> Runner:
     def run(prompt_ids: Sequence[int]) -> Trial:
-        out, seconds = _timed(lambda: specdec.generate(
+        out, seconds, cpu = _timed(lambda: specdec.generate(
             target, list(prompt_ids), draft=draft, gamma=s.gamma, temperature=s.temperature,
             max_new_tokens=s.max_new_tokens, seed=s.seed,
         ))
-        return Trial(list(out.token_ids), seconds, out.stats)
+        return Trial(list(out.token_ids), seconds, out.stats, cpu)
 
     return run
 
@@ -120,8 +128,8 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
             torch.manual_seed(s.seed)
         extra = {"assistant_model": assistant} if assistant is not None else {}
         with assistant_settings(assistant, s.gamma) if assistant is not None else contextlib.nullcontext():
-            out, seconds = _timed(lambda: model.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra))
-        return Trial(out[0, input_ids.shape[1]:].tolist(), seconds)
+            out, seconds, cpu = _timed(lambda: model.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra))
+        return Trial(out[0, input_ids.shape[1]:].tolist(), seconds, None, cpu)
 
     return run
 

@@ -34,6 +34,9 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
         "seconds": seconds,
         "tokens_per_second": _ratio(tokens, seconds),
         "median_prompt_tokens_per_second": per_prompt[len(per_prompt) // 2] if per_prompt else None,
+        # CPU seconds of this process / wall seconds, over the timed calls: about the thread count
+        # when the benchmark had the cores to itself, lower when other work shared them
+        "cpu_utilization": _ratio(sum(t.cpu_seconds for t in trials), seconds),
     }
     stats = [t.stats for t in trials if t.stats is not None]
     if len(stats) != len(trials) or not stats:
@@ -48,7 +51,9 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
     accepted_pos = [sum(s.accepted_per_position[i] for s in stats if i < len(s.accepted_per_position)) for i in range(width)]
     time_draft = sum(s.time_draft for s in stats)
     time_target = sum(s.time_target for s in stats)
-    time_other = max(0.0, seconds - time_draft - time_target)  # loop bookkeeping, acceptance, Python
+    time_loop = sum(s.time_total for s in stats)  # from the KV session's start to the last token
+    time_setup = max(0.0, seconds - time_loop)  # inside generate() but before the loop: model/drafter setup
+    time_other = max(0.0, time_loop - time_draft - time_target)  # loop bookkeeping, acceptance, Python
     target_step = _ratio(time_target, target_calls)
     draft_step = _ratio(time_draft, draft_calls)
     result.update({
@@ -63,8 +68,11 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
         "time_draft_s": time_draft,
         "time_target_s": time_target,
         "time_other_s": time_other,
-        "time_split": {k: _ratio(v, seconds) for k, v in
-                       (("draft", time_draft), ("target", time_target), ("other", time_other))},
+        "time_setup_s": time_setup,
+        "setup_per_call_s": _ratio(time_setup, len(stats)),
+        "tokens_per_second_loop_only": _ratio(tokens, time_loop),
+        "time_split": {k: _ratio(v, seconds) for k, v in (("draft", time_draft), ("target", time_target),
+                                                          ("other", time_other), ("setup", time_setup))},
         "target_step_s": target_step,  # per target call, the prefill included
         "draft_step_s": draft_step,  # per draft forward pass, the draft's prefill included
         "other_per_step_s": _ratio(time_other, target_calls),
@@ -147,11 +155,18 @@ def table(result: dict[str, Any]) -> str:
         f"gamma {cfg['gamma']}, temperature {cfg['temperature']}, {cfg['dtype']}, "
         f"{result['machine']['torch_threads']} torch threads; target {cfg['target']}, draft {cfg['draft']}",
     ]
+    notes.append("CPU utilization (process CPU s / wall s; about " + str(result["machine"]["torch_threads"])
+                 + " = cores to itself): " + ", ".join(f"{n} {_fmt(m['cpu_utilization'], '.2f')}" for n, m in methods.items()))
+    load = result["machine"].get("load_average_before"), result["machine"].get("load_average_after")
+    if None not in load:
+        notes.append(f"1-minute load average before/after: {load[0]:.2f} / {load[1]:.2f} "
+                     f"(much above {result['machine']['torch_threads']} means other work shared the CPU)")
     spec = methods.get("specdec-spec")
     if spec and "time_split" in spec:
         split = spec["time_split"]
         notes.append(
-            f"specdec-spec time: draft {split['draft']:.0%}, target {split['target']:.0%}, other {split['other']:.0%}; "
+            f"specdec-spec time: draft {split['draft']:.0%}, target {split['target']:.0%}, other {split['other']:.0%}, "
+            f"setup before the loop {split['setup']:.0%} ({spec['setup_per_call_s']:.3f} s a call); "
             f"acceptance rate {_fmt(spec['acceptance_rate'], '.3f')}; per position "
             + " ".join(_fmt(a, ".2f") for a in spec["acceptance_per_position"])
         )
@@ -160,6 +175,10 @@ def table(result: dict[str, Any]) -> str:
             f"target step {_fmt(spec['target_step_s'], '.3f')} s, draft step {_fmt(spec['draft_step_s'], '.3f')} s, "
             f"other per step {_fmt(spec['other_per_step_s'], '.4f')} s"
         )
+    for name, m in methods.items():
+        if "tokens_per_second_loop_only" in m:
+            notes.append(f"{name}: {_fmt(m['tokens_per_second_loop_only'], '.2f')} tokens/s counting only the decoding "
+                         f"loop; other (loop overhead) per target call {_fmt(m['other_per_step_s'], '.4f')} s")
     costs = result.get("step_costs")
     if costs:
         k = costs["verify_tokens"]

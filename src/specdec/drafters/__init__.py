@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterBase
+from specdec.drafters.hierarchical import SpeculativeDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
@@ -18,7 +19,7 @@ from specdec.errors import SpecDecError
 
 __all__ = [
     "Draft", "DraftContext", "Drafter", "DrafterBase", "ModelDrafter", "NGramDrafter",
-    "PromptLookupDrafter", "RandomDrafter", "find_continuation", "make_drafter", "DRAFTER_NAMES",
+    "PromptLookupDrafter", "RandomDrafter", "SpeculativeDrafter", "find_continuation", "make_drafter", "DRAFTER_NAMES",
 ]
 
 DRAFTER_NAMES = {
@@ -29,17 +30,30 @@ DRAFTER_NAMES = {
 }
 
 
-def make_drafter(spec: Any, target: Any, dtype: Any = None) -> Drafter | None:
+def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4) -> Drafter | None:
     """Turn what a user passed as ``draft=`` into a drafter.
 
     spec: None (plain decoding), a drafter name (``prompt-lookup``, ``unigram``, ``bigram``,
     ``random``), a loaded model, anything :func:`specdec.load` accepts (a preset name, a folder...),
-    or a ready :class:`Drafter`.
+    a ready :class:`Drafter`, or a list of these for hierarchical drafting: ``[M_1, M_2, ...]`` where
+    each model level is accelerated by the levels after it (all but the last must be models).
     """
     from specdec.models import LanguageModel, check_same_vocabulary, load
 
     if spec is None:
         return None
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise SpecDecError("draft=[] is empty; give one draft, or a list [model, cheaper draft, ...]")
+        if len(spec) == 1:
+            return make_drafter(spec[0], target, dtype, inner_gamma)
+        top = make_drafter(spec[0], target, dtype, inner_gamma)
+        if not isinstance(top, ModelDrafter):
+            raise SpecDecError(
+                f"in a hierarchy every level but the last must be a model, got {getattr(top, 'name', spec[0])!r} "
+                "at a higher level; put parameter-free drafters last"
+            )
+        return SpeculativeDrafter(top.model, make_drafter(list(spec[1:]), target, dtype, inner_gamma), inner_gamma)
     if isinstance(spec, str) and spec in DRAFTER_NAMES:
         return DRAFTER_NAMES[spec]()
     if isinstance(spec, Drafter) and not isinstance(spec, LanguageModel):

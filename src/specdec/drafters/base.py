@@ -40,6 +40,10 @@ class DraftContext:
     generator: the generation's random source (the only one: seeding happens once, outside the loop).
     vocab_size: V, the width of the target's distributions; q must have this width.
     eos_token_ids: the target's end-of-sequence ids.
+    source_ids: for an encoder-decoder target, the encoder input (prompt lookup copies from it too);
+      empty for a decoder-only target, whose prompt is already part of the decoded sequence.
+    stop_below: the ``confidence`` schedule: a drafter with probabilities stops proposing as soon as
+      its top probability for the next token is below this value (None: never stops early).
     """
 
     prompt_ids: Sequence[int]
@@ -47,6 +51,8 @@ class DraftContext:
     generator: torch.Generator
     vocab_size: int
     eos_token_ids: frozenset[int] = frozenset()
+    source_ids: Sequence[int] = ()
+    stop_below: float | None = None
 
 
 @runtime_checkable

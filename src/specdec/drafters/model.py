@@ -55,9 +55,13 @@ class ModelDrafter(DrafterBase):
         for _ in range(k):
             logits = fit_width(self.session.forward(list(sequence) + tokens, 1)[0], ctx.vocab_size)  # [V]
             if ctx.sampling.greedy:
+                if ctx.stop_below is not None and torch.softmax(logits.float(), -1).max() < ctx.stop_below:
+                    break
                 x = int(argmax(logits))
             else:
                 q = standardize(logits, ctx.sampling)  # [V]
+                if ctx.stop_below is not None and q.max() < ctx.stop_below:
+                    break
                 x = int(sample(q, ctx.generator))
                 qs.append(q)
             tokens.append(x)

@@ -83,8 +83,12 @@ class NGramDrafter(DrafterBase):
         previous = sequence[-1]
         for _ in range(k):
             q = standardize(self._logits(previous), ctx.sampling)  # [V]
+            if ctx.stop_below is not None and q.max() < ctx.stop_below:
+                break
             x = int(q.argmax()) if ctx.sampling.greedy else int(sample(q, ctx.generator))
             tokens.append(x)
             qs.append(q)
             previous = x
+        if not tokens:
+            return Draft.empty()
         return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))

@@ -50,5 +50,6 @@ class PromptLookupDrafter(DrafterBase):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
-        tokens = find_continuation(sequence, k, self.max_ngram, self.min_ngram)
+        context = [*self.context.source_ids, *sequence] if self.context.source_ids else sequence
+        tokens = find_continuation(context, k, self.max_ngram, self.min_ngram)
         return Draft(torch.tensor(tokens, dtype=torch.long), None)

@@ -73,7 +73,8 @@ def load(
     if not isinstance(source, (str, os.PathLike)):
         raise SpecDecError(f"specdec.load() takes a preset name, a path, a hub id or a transformers model, got {type(source).__name__}")
 
-    torch_dtype = parse_dtype(dtype)
+    # Dynamic int8 runs with float32 activations: load float32 weights so nothing is rounded twice.
+    torch_dtype = torch.float32 if quantize else parse_dtype(dtype)
     text = str(source)
     path = Path(text).expanduser()
     gguf_file = None

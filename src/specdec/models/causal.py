@@ -33,11 +33,20 @@ class KVSession:
 
     def __init__(self, model: "LanguageModel"):
         self.model = model
-        self.cache = DynamicCache(config=model.hf_model.config)
+        self.cache = self._new_cache()
         # Sliding-window layers (Gemma 3) keep their past until crop(), so a rollback can reach it.
         self.cache.activate_past_recording()
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache, in order
         self.forward_passes = 0
+
+    def _new_cache(self):
+        return DynamicCache(config=self.model.hf_model.config)
+
+    def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
+        """One forward pass over the new tokens [1, m] with the cache; returns logits [1, >= n_logits, V]."""
+        return self.model.hf_model(
+            input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=n_logits
+        ).logits
 
     def forward(self, sequence: Sequence[int], n_logits: int) -> torch.Tensor:
         """Logits for the last ``n_logits`` positions of ``sequence``.
@@ -56,12 +65,10 @@ class KVSession:
         del self.tokens[keep:]
         new = torch.tensor([list(sequence[keep:])], dtype=torch.long)  # [1, new]
         with torch.inference_mode():
-            out = self.model.hf_model(
-                input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=n_logits
-            )
+            logits = self._run(new, n_logits)
         self.tokens.extend(sequence[keep:])
         self.forward_passes += 1
-        return out.logits[0, -n_logits:]  # [n_logits, V]
+        return logits[0, -n_logits:]  # [n_logits, V]
 
 
 class LanguageModel:
@@ -74,6 +81,7 @@ class LanguageModel:
             raise SpecDecError("this is an encoder-decoder model; load it with specdec.load(), which picks the seq2seq backend")
         self.hf_model = hf_model.eval()
         self.tokenizer = tokenizer
+        self.quantization: str | None = None  # set by specdec.models.quantize
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
 
     def __repr__(self) -> str:
@@ -83,7 +91,10 @@ class LanguageModel:
     @property
     def vocab_size(self) -> int:
         """Width of the logits (may exceed the tokenizer's length: padded embedding tables)."""
-        return int(self.hf_model.get_output_embeddings().weight.shape[0])
+        head = self.hf_model.get_output_embeddings()
+        if hasattr(head, "out_features"):  # nn.Linear, and dynamically quantized Linear
+            return int(head.out_features)
+        return int(head.weight.shape[0])
 
     @property
     def dtype(self) -> torch.dtype:

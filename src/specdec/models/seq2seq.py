@@ -1,0 +1,68 @@
+"""Encoder-decoder models (T5, BART, Marian) behind the same interface as causal LMs.
+
+Each model runs its encoder once per input; the decoder keeps a KV cache whose self-attention part
+is rolled back on rejection while the cross-attention part (keys and values of the encoder output)
+is kept as it is. The "sequence" that drafters and the decoding loop see is the decoder sequence,
+which starts with the decoder start token; the prompt is the encoder input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache
+
+from specdec.errors import SpecDecError
+from specdec.models.causal import KVSession, LanguageModel
+
+
+class Seq2SeqSession(KVSession):
+    def __init__(self, model: "Seq2SeqLanguageModel", source_ids: Sequence[int]):
+        self.source_ids = list(source_ids)
+        with torch.inference_mode():
+            self.encoder_outputs = model.hf_model.get_encoder()(input_ids=torch.tensor([self.source_ids]))
+        super().__init__(model)
+
+    def _new_cache(self):
+        config = self.model.hf_model.config
+        return EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+
+    def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
+        return self.model.hf_model(
+            encoder_outputs=self.encoder_outputs, decoder_input_ids=new, past_key_values=self.cache, use_cache=True
+        ).logits
+
+
+class Seq2SeqLanguageModel(LanguageModel):
+    is_encoder_decoder = True
+
+    def __init__(self, hf_model: Any, tokenizer: Any, name: str | None = None):
+        if not getattr(hf_model.config, "is_encoder_decoder", False):
+            raise SpecDecError("this is not an encoder-decoder model; use specdec.load(), which picks the backend")
+        self.hf_model = hf_model.eval()
+        self.tokenizer = tokenizer
+        self.quantization = None
+        self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
+
+    @property
+    def max_context(self) -> int | None:
+        # T5's relative positions have no hard limit; BART and Marian have learned positions.
+        return getattr(self.hf_model.config, "max_position_embeddings", None)
+
+    @property
+    def decoder_start_token_id(self) -> int:
+        for source in (getattr(self.hf_model, "generation_config", None), self.hf_model.config):
+            value = getattr(source, "decoder_start_token_id", None)
+            if value is not None:
+                return int(value)
+        raise SpecDecError(f"{self.name} has no decoder_start_token_id in its config")
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        if chat:
+            raise SpecDecError("chat=True is for decoder-only instruct models; an encoder-decoder model takes the text as it is")
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def start(self, prompt_ids: Sequence[int]) -> tuple[KVSession, list[int]]:
+        """Encode the source once; the decoder sequence starts with the decoder start token."""
+        return Seq2SeqSession(self, prompt_ids), [self.decoder_start_token_id]

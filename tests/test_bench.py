@@ -1,0 +1,133 @@
+"""specdec bench: prompt loading and the whole run path on tiny random models (no real model, fast)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+import specdec.bench as bench
+from specdec.bench.methods import METHODS
+from specdec.bench.report import first_difference, table
+from specdec.errors import SpecDecError
+from tiny import load_tiny, perturbed
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_defaults():
+    args = parse()
+    assert (args.target, args.draft, args.gamma, args.n_prompts, args.max_new_tokens) == (
+        "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 4, 20, 64)
+    assert args.temperature == 0.0 and args.dtype == "bf16" and args.repeats == 1 and args.warmup == 1
+    assert args.methods.split(",") == list(METHODS) and args.threads is None and args.json is None
+
+
+def test_humaneval_prompts():
+    prompts = bench.load_humaneval(20)
+    assert len(prompts) == 20
+    assert all(isinstance(p.text, str) and p.text.strip() for p in prompts)
+    assert prompts[0].id == "HumanEval/0" and len({p.id for p in prompts}) == 20
+
+
+def test_jsonl_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "w1 w2", "task_id": "a"}\n\n{"prompt": "w3"}\n{"prompt": "w4"}\n')
+    prompts = bench.load_jsonl(path, 2)
+    assert [p.text for p in prompts] == ["w1 w2", "w3"]
+    assert prompts[0].id == "a"
+    assert len(bench.load_jsonl(path)) == 3
+
+
+@pytest.mark.parametrize("content", ['{"text": "x"}\n', "not json\n", ""])
+def test_jsonl_prompts_bad(tmp_path, content):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(SpecDecError):
+        bench.load_jsonl(path)
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    target = load_tiny("llama", sharp=4.0)
+    return target, perturbed(target, 0.3)
+
+
+@pytest.fixture()
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = ["w1 w2 w3 w4", "w5 w6 w7 w8 w9 w10", "w11 w12", "w3 w3 w3 w3 w3"]
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
+    return path
+
+
+def test_run_tiny(tiny_pair, prompts_file, tmp_path, capsys):
+    target, draft = tiny_pair
+    args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "10",
+                 "--gamma", "3", "--repeats", "2", "--dtype", "fp32")
+    result = bench.run(args, target=target, draft=draft, progress=False)
+
+    assert set(result["methods"]) == set(METHODS)
+    for name, m in result["methods"].items():
+        assert m["runs"] == 4 and m["new_tokens"] > 0 and m["tokens_per_second"] > 0
+        assert set(result["speedups"][name]) == {"vs_specdec-plain", "vs_hf-plain", "vs_hf-assisted"}
+    assert result["speedups"]["specdec-plain"]["vs_specdec-plain"] == pytest.approx(1.0)
+    spec = result["methods"]["specdec-spec"]
+    assert 0.0 <= spec["alpha"] <= 1.0 and 1.0 <= spec["mean_accepted_length"] <= 4.0
+    assert spec["draft_calls"] > 0 and spec["c_estimate"] > 0
+    assert sum(spec["time_split"].values()) == pytest.approx(1.0)
+    assert result["methods"]["specdec-plain"]["mean_accepted_length"] == pytest.approx(1.0)
+
+    # Greedy: speculative tokens equal plain tokens (fp32), and the HF peers agree with specdec.
+    eq = result["equality"]
+    assert eq["specdec_spec_vs_plain"] == {"runs": 4, "equal": 4, "all_equal": True, "mismatches": []}
+    assert eq["hf_plain_vs_specdec_plain"]["all_equal"]
+    assert eq["hf_assisted_vs_hf_plain"]["all_equal"]
+
+    assert len(result["runs"]) == 4 and result["runs"][0]["order"] != result["runs"][1]["order"]
+    assert result["config"]["n_prompts"] == 2 and result["config"]["dtype"] == "float32"
+    assert result["machine"]["torch_threads"] >= 1 and result["machine"]["cpu_count"] >= 1
+    assert result["step_costs"]["c_direct"] > 0
+    json.dumps(result)  # JSON-able
+    assert "| specdec-spec |" in table(result)
+
+
+def test_main_prints_table_then_json(tiny_pair, prompts_file, tmp_path, monkeypatch, capsys):
+    target, draft = tiny_pair
+    real_run = bench.run
+    monkeypatch.setattr(bench, "run", lambda args: real_run(args, target=target, draft=draft, progress=False))
+    out_path = tmp_path / "bench.json"
+    args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "6",
+                 "--methods", "specdec-plain,specdec-spec", "--warmup", "0", "--json", str(out_path))
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| method |")
+    document = json.loads(out[out.index("\n{") + 1:])
+    assert list(document["methods"]) == ["specdec-plain", "specdec-spec"]
+    assert json.loads(out_path.read_text()) == document
+
+
+def test_prompt_lookup_draft_name(tiny_pair, prompts_file):
+    target, _ = tiny_pair
+    args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "8",
+                 "--draft", "prompt-lookup", "--warmup", "0")
+    result = bench.run(args, target=target, progress=False)
+    assert result["config"]["draft"] == "prompt-lookup"
+    assert result["equality"]["specdec_spec_vs_plain"]["all_equal"]
+    assert "c_direct" not in result["step_costs"]
+
+
+def test_bad_method(tiny_pair):
+    with pytest.raises(SpecDecError, match="unknown method"):
+        bench.run(parse("--methods", "specdec-plain,fast"), target=tiny_pair[0], progress=False)
