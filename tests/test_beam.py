@@ -40,13 +40,18 @@ MODELS = {  # (kind, seed, position) chosen so that EOS ends some of the w in {2
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
-def eos_target(request):
-    return with_eos_in_play(*MODELS[request.param])
+def kind(request):
+    return request.param
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
-def plain_target(request):
-    kind, seed, _ = MODELS[request.param]
+@pytest.fixture(scope="module")
+def eos_target(kind):
+    return with_eos_in_play(*MODELS[kind])
+
+
+@pytest.fixture(scope="module")
+def plain_target(kind):
+    kind, seed, _ = MODELS[kind]
     return load_tiny(kind, eos=None, seed=seed, sharp=4.0)
 
 

@@ -46,6 +46,11 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         "with running alpha and c), confidence (the draft stops when unsure)")
     p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
     p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
+    p.add_argument("--num-beams", type=int, default=None, help="beam width w (> 1: beam search, greedy)")
+    p.add_argument("--draft-beams", type=int, default=None, help="draft beam width u >= w (exact speculative beam search)")
+    p.add_argument("--beam-mode", default=None, choices=["exact", "report"],
+                   help="exact (paper A.4, identical to plain beam search) or report (approximate Algorithm 2)")
+    p.add_argument("--length-penalty", type=float, default=None, help="beam search length penalty (default 1.0)")
     p.add_argument("--lenience", type=float, default=None,
                    help="paper A.5: l in (0, 1]; below 1 trades exactness for speed (default 1 = exact)")
 
@@ -123,7 +128,8 @@ def _generate(args: argparse.Namespace) -> int:
         gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
         gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
-        lenience=args.lenience,
+        lenience=args.lenience, num_beams=args.num_beams, draft_beams=args.draft_beams, beam_mode=args.beam_mode,
+        length_penalty=args.length_penalty,
     )
     if not prompt.strip():
         raise specdec.SpecDecError("the prompt is empty; give some text to continue")
@@ -143,6 +149,11 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{COLOUR_DRAFT}accepted from the draft{COLOUR_RESET}  {COLOUR_TARGET}produced by the target{COLOUR_RESET}\n")
     print(f"target {target.name}, draft {' <- '.join(args.draft or [DEFAULT_DRAFT])}")
     print(out.stats.summary())
+    if "beam" in out.extra:
+        beam = out.extra["beam"]
+        label = "exact" if beam.get("exact") else "APPROXIMATE (report's Algorithm 2)"
+        print(f"beam search: mode {beam.get('mode')} ({label}), score {beam['score']:.4f}, "
+              f"steps {beam.get('steps')}, accepted draft steps {beam.get('accepted_steps')}")
     return 0
 
 

@@ -28,6 +28,11 @@ class GenerationConfig:
     confidence: the confidence schedule's threshold on the draft's top probability, in (0, 1).
     lenience: l in (0, 1] (paper Appendix A.5). 1 is exact; below 1 the output is NOT the target's
       distribution any more (no token gets more than p(x) / l), and the stats say so.
+    num_beams: beam width w; > 1 runs beam search (specdec.beam), greedy only.
+    draft_beams: the draft's beam width u >= w in exact speculative beam search (None: w).
+    beam_mode: "exact" (paper A.4: identical to plain beam search) or "report" (the student report's
+      Algorithm 2: approximate, labelled so in the output).
+    length_penalty, early_stopping: beam search settings, as in transformers.
     """
 
     gamma: int = 4
@@ -42,6 +47,11 @@ class GenerationConfig:
     max_gamma: int | None = None
     confidence: float = 0.5
     lenience: float = 1.0
+    num_beams: int = 1
+    draft_beams: int | None = None
+    beam_mode: str = "exact"
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
@@ -73,6 +83,29 @@ class GenerationConfig:
             raise SpecDecError(f"confidence must be in (0, 1), got {self.confidence!r}")
         if not isinstance(self.lenience, (int, float)) or not 0.0 < self.lenience <= 1.0:
             raise SpecDecError(f"lenience must be in (0, 1] (1 = exact), got {self.lenience!r}")
+
+        if isinstance(self.num_beams, bool) or not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise SpecDecError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
+        if self.draft_beams is not None and (not isinstance(self.draft_beams, int) or self.draft_beams < self.num_beams):
+            raise SpecDecError(
+                f"draft_beams must be an integer >= num_beams ({self.num_beams}), got {self.draft_beams!r}"
+            )
+        if self.beam_mode not in ("exact", "report"):
+            raise SpecDecError(f"beam_mode must be 'exact' or 'report', got {self.beam_mode!r}")
+        if self.num_beams > 1:
+            unsupported = [
+                name for name, on in (
+                    ("temperature > 0", self.temperature > 0 and self.beam_mode == "exact"),
+                    ("top_k", self.top_k is not None), ("top_p < 1", self.top_p < 1.0),
+                    ("lenience < 1", self.lenience < 1.0), ("stop strings", bool(self.stop)),
+                    (f"gamma_schedule={self.gamma_schedule}", self.gamma_schedule != "constant"),
+                ) if on
+            ]
+            if unsupported:
+                raise SpecDecError(
+                    f"beam search (num_beams={self.num_beams}) does not support {', '.join(unsupported)}; "
+                    "drop those options or use num_beams=1"
+                )
 
     @property
     def gamma_bound(self) -> int:

@@ -51,7 +51,30 @@ class GenerationOutput:
             "from_draft": self.from_draft,
             "stats": self.stats.to_dict(),
             "config": self.config.to_dict(),
+            **({"extra": self.extra} if self.extra else {}),
         }
+
+
+def _beam_generate(target: LanguageModel, draft: Any, prompt_ids: list[int], config: GenerationConfig,
+                   seed: int) -> GenerationOutput:
+    """Beam search (plain, exact speculative A.4, or the report's approximate variant) through specdec.beam."""
+    from specdec.beam import beam_search
+
+    out = beam_search(
+        target, prompt_ids, num_beams=config.num_beams, max_new_tokens=config.max_new_tokens, draft=draft,
+        draft_beams=config.draft_beams, gamma=config.gamma, mode=config.beam_mode,
+        length_penalty=config.length_penalty, early_stopping=config.early_stopping, seed=seed,
+    )
+    b = out.stats
+    stats = GenerationStats(
+        new_tokens=len(out.token_ids), prompt_tokens=len(prompt_ids), target_calls=b.get("target_calls", 0),
+        draft_calls=b.get("draft_calls", 0), time_total=b.get("time_total_s", 0.0), seed=seed,
+        stop_reason=b.get("stop_reason", ""), exact=bool(b.get("exact", True)),
+    )
+    stats.time_draft = b.get("time_draft_s", 0.0)
+    stats.time_target = b.get("time_target_s", 0.0)
+    return GenerationOutput(target.decode(out.token_ids), list(out.token_ids), [False] * len(out.token_ids),
+                            list(prompt_ids), stats, config, extra={"beam": {**b, "score": out.score}})
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> int | None:
@@ -109,6 +132,8 @@ def generate(
         )
 
     seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
+    if config.num_beams > 1:
+        return _beam_generate(target, draft, prompt_ids, config, seed)
     generator = torch.Generator().manual_seed(seed)
     sampling = config.sampling
     eos = target.eos_token_ids
