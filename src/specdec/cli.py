@@ -75,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_module.add_arguments(bench)
 
     sub.add_parser("presets", help="list the packaged model presets")
+
+    from specdec.bench import alpha as alpha_module, plot as plot_module, results as results_module
+
+    alpha = sub.add_parser("alpha", help="measure the acceptance rate alpha of drafts for a target (paper Table 3)")
+    alpha_module.add_arguments(alpha)
+    plot = sub.add_parser("plot", help="the paper's figures as PNGs, and speedup vs gamma of a bench run")
+    plot_module.add_arguments(plot)
+    results = sub.add_parser("results", help="regenerate docs/RESULTS.md: alpha, speed, schedules, beam search, figures")
+    results_module.add_arguments(results)
     return parser
 
 
@@ -178,6 +187,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench.main(args)
         if args.command == "presets":
             return _presets()
+        if args.command == "alpha":
+            from specdec.bench import alpha
+
+            return alpha.main(args)
+        if args.command == "plot":
+            from specdec.bench import plot
+
+            return plot.main(args)
+        if args.command == "results":
+            from specdec.bench import results
+
+            return results.main(args)
     except SpecDecError as err:
         print(f"specdec: error: {err}", file=sys.stderr)
         return 2

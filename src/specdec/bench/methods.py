@@ -44,6 +44,8 @@ class Settings:
     temperature: float
     max_new_tokens: int
     seed: int
+    gamma_schedule: str = "constant"  # specdec only (see specdec.schedules)
+    lenience: float = 1.0  # specdec only; < 1 is not exact (paper Appendix A.5)
 
 
 Runner = Callable[[Sequence[int]], Trial]
@@ -69,7 +71,7 @@ def specdec_runner(target: LanguageModel, draft: Any, s: Settings) -> Runner:
     def run(prompt_ids: Sequence[int]) -> Trial:
         out, seconds, cpu = _timed(lambda: specdec.generate(
             target, list(prompt_ids), draft=draft, gamma=s.gamma, temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens, seed=s.seed,
+            max_new_tokens=s.max_new_tokens, seed=s.seed, gamma_schedule=s.gamma_schedule, lenience=s.lenience,
         ))
         return Trial(list(out.token_ids), seconds, out.stats, cpu)
 

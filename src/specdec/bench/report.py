@@ -80,7 +80,35 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
         # the target's steps score gamma + 1 tokens while the draft's score 1.
         "c_estimate": _ratio(draft_step, target_step) if draft_step is not None and target_step else None,
     })
+    if any(s.levels for s in stats):
+        result["levels"] = summarize_levels([s.levels for s in stats])
     return result
+
+
+def summarize_levels(runs: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Hierarchical drafting: each level's totals over the runs (level 1 verifies level 2, ...)."""
+    out: list[dict[str, Any]] = []
+    for index in range(max(len(levels) for levels in runs)):
+        mine = [levels[index] for levels in runs if index < len(levels)]
+        if not mine:
+            continue
+        calls = sum(m["target_calls"] for m in mine)
+        drafted = sum(m["drafted"] for m in mine)
+        accepted = sum(m["accepted"] for m in mine)
+        betas = [(m["alpha"], m["drafted"]) for m in mine if m.get("alpha") is not None]
+        out.append({
+            "level": mine[0]["level"],
+            "calls": calls,  # forward passes of this level's model (its verification steps)
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": _ratio(accepted, drafted),
+            # alpha between this level's model and the level below it, weighted by drafted tokens
+            "alpha": _ratio(sum(a * d for a, d in betas), sum(d for _, d in betas)) if betas else None,
+            "tokens_per_call": _ratio(sum(m["new_tokens"] for m in mine), calls),
+            "time_verify_s": sum(m["time_target_s"] for m in mine),
+            "time_inner_draft_s": sum(m["time_draft_s"] for m in mine),
+        })
+    return out
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -114,13 +142,25 @@ def speedups(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | 
     return out
 
 
+def cpu_model() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info(dtype: str) -> dict[str, Any]:
     import transformers
 
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -196,3 +236,134 @@ def table(result: dict[str, Any]) -> str:
     for name, why in result.get("skipped", {}).items():
         notes.append(f"skipped {name}: {why}")
     return "\n".join(lines + notes)
+
+
+# -- the grid: paper Table 2 / Table 4 forms, peers, checks, CSV ---------------------------------------
+
+CSV_COLUMNS = (
+    "task", "temperature", "label", "method", "draft", "gamma", "schedule", "lenience", "exact", "runs", "new_tokens",
+    "seconds", "tokens_per_second", "speedup_vs_specdec_plain", "speedup_vs_hf_plain", "alpha",
+    "mean_accepted_length", "acceptance_rate", "c", "c_source", "c_direct", "c_loop", "gamma_for_prediction",
+    "expected_tokens", "predicted_speedup", "measured_over_predicted", "within_15pct", "tokens_factor", "cost_factor",
+    "identical_to_plain", "cpu_utilization",
+)
+
+QUALITY_NAMES = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
+
+
+def quality_text(quality: dict[str, float] | None) -> str:
+    if not quality:
+        return "–"
+    return ", ".join(f"{QUALITY_NAMES.get(k, k)} {v:.1f}" for k, v in quality.items())
+
+
+def _temp(t: float) -> str:
+    return format(t, "g")
+
+
+def _schedule(row: dict[str, Any]) -> str:
+    text = row.get("schedule") or "–"
+    if row.get("lenience") is not None and row["lenience"] != 1.0:
+        text += f", l={row['lenience']:g} (NOT exact)"
+    return text
+
+
+def grid_markdown(result: dict[str, Any]) -> str:
+    """The grid as markdown: speed and quality (Table 2 form), Theorem 8 vs measured (Table 4 form),
+    the peers, the +-15% checks with the gap explained, and the measured costs."""
+    cfg = result["config"]
+    rows = result["rows"]
+    spec = [r for r in rows if r["method"] == "specdec-spec"]
+    peers = [r for r in rows if r["method"] != "specdec-spec"]
+    plain_quality = {r["temperature"]: r.get("quality") for r in rows if r["method"] == "specdec-plain"}
+    lines = [
+        f"Task {cfg['task']}: {cfg['task_source']}. Target {cfg['target']} ({cfg['dtype']}), {cfg['n_prompts']} prompts "
+        f"x {cfg['repeats']} repeat(s), at most {cfg['max_new_tokens']} new tokens. Quality: {cfg['quality_note']}.",
+    ]
+    if spec:
+        lines += ["", "Speed and quality (paper Table 2 form; speedup = tokens/s vs specdec-plain, same prompts, same run):", "",
+                  "| task | M_q | temp | gamma | schedule | alpha | mean accepted length | tokens/s | speedup | "
+                  "quality (plain) | quality (speculative) | tokens == plain |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in spec:
+            lines.append(
+                f"| {r['task']} | {r['draft']} | {_temp(r['temperature'])} | {r['gamma']} | {_schedule(r)} | "
+                f"{_fmt(r.get('alpha'), '.3f')} | {_fmt(r.get('mean_accepted_length'), '.2f')} | "
+                f"{_fmt(r['tokens_per_second'], '.2f')} | {_fmt(r['speedup_vs_specdec_plain'], '.2f')}x | "
+                f"{quality_text(plain_quality.get(r['temperature']))} | {quality_text(r.get('quality'))} | "
+                f"{r.get('identical_to_plain') or '–'} |")
+        lines += ["", "Theorem 8 beside the measurement (paper Table 4 form; c measured directly for model drafts, "
+                  "from the loop timers otherwise):", "",
+                  "| task | M_q | temp | gamma | schedule | alpha | c | EXP (Theorem 8) | EMP (measured) | EMP / EXP | ±15% |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in spec:
+            ok = r.get("within_15pct")
+            lines.append(
+                f"| {r['task']} | {r['draft']} | {_temp(r['temperature'])} | {r['gamma_for_prediction']}"
+                f"{'' if r['schedule'] == 'constant' else '*'} | {_schedule(r)} | {_fmt(r.get('alpha'), '.3f')} | "
+                f"{_fmt(r.get('c'), '.3f')} ({r.get('c_source')}) | {_fmt(r.get('predicted_speedup'), '.2f')}x | "
+                f"{_fmt(r['speedup_vs_specdec_plain'], '.2f')}x | {_fmt(r.get('measured_over_predicted'), '.2f')} | "
+                f"{'–' if ok is None else ('yes' if ok else 'NO')} |")
+        if any(r["schedule"] != "constant" for r in spec):
+            lines.append("\n\\* varying schedule: the prediction uses the mean number of tokens drafted per target call, rounded.")
+    lines += ["", "Peers (same prompts, same run):", "",
+              "| temp | method | tokens/s | vs specdec-plain | vs hf-plain | quality | tokens == specdec-plain |",
+              "|---|---|---|---|---|---|---|"]
+    for r in peers:
+        lines.append(f"| {_temp(r['temperature'])} | {r['label']} | {_fmt(r['tokens_per_second'], '.2f')} | "
+                     f"{_fmt(r['speedup_vs_specdec_plain'], '.2f')}x | {_fmt(r['speedup_vs_hf_plain'], '.2f')}x | "
+                     f"{quality_text(r.get('quality'))} | {r.get('identical_to_plain') or '–'} |")
+    checks = [r for r in spec if r.get("check")]
+    if checks:
+        lines += ["", "Theorem 8 checks (±15%); where one fails, measured/predicted = tokens factor x cost factor:", ""]
+        for r in checks:
+            lines.append(f"- {r['label']}, temperature {_temp(r['temperature'])}: {r['check']}")
+    hierarchies = [r for r in spec if r.get("levels")]
+    if hierarchies:
+        lines += ["", "Hierarchies, per level (level 1 = the draft model verifying the level below it):", ""]
+        for r in hierarchies:
+            split = r.get("time_split") or {}
+            levels = "; ".join(
+                f"{lv['level']}: alpha {_fmt(lv['alpha'], '.3f')}, {lv['calls']} calls, "
+                f"{_fmt(lv['tokens_per_call'], '.2f')} tokens/call, verify {lv['time_verify_s']:.2f} s, "
+                f"inner draft {lv['time_inner_draft_s']:.2f} s" for lv in r["levels"])
+            lines.append(f"- {r['label']}, temperature {_temp(r['temperature'])}: {levels}; time split of the run: "
+                         + ", ".join(f"{k} {v:.0%}" for k, v in split.items() if v is not None))
+    costs = result.get("costs")
+    if costs:
+        parts = [f"target 1 token {costs['target_k1_s'] * 1e3:.0f} ms"]
+        for g, k in costs["verify_tokens"].items():
+            parts.append(f"{k} tokens {costs['target_s'][str(k)] * 1e3:.0f} ms ({costs['verify_cost_ratio'][g]:.2f}x)")
+        for spec_name, entry in costs["drafts"].items():
+            if entry["models"]:
+                parts.append(f"draft {spec_name}: " + ", ".join(
+                    f"{m} {t * 1e3:.0f} ms (c {c:.3f})" for m, t, c in zip(entry["models"], entry["k1_s"], entry["c_levels"])))
+        lines += ["", "Direct step costs (median of single cached forward passes): " + "; ".join(parts)]
+    machine = result.get("machine", {})
+    if machine:
+        load = (machine.get("load_average_before"), machine.get("load_average_after"))
+        lines.append(
+            f"Machine: {machine.get('cpu')} ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch threads), "
+            f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
+            + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else ""))
+    for name, why in result.get("skipped", {}).items():
+        lines.append(f"Skipped {name}: {why}")
+    return "\n".join(lines)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Any) -> None:
+    """The rows as CSV: the fixed columns, then one column per quality metric (quality_<metric>)."""
+    import csv
+
+    metrics: list[str] = []
+    for r in rows:
+        for k in (r.get("quality") or {}):
+            if k not in metrics:
+                metrics.append(k)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*CSV_COLUMNS, *(f"quality_{m}" for m in metrics)])
+        for r in rows:
+            th = r.get("theorem8") or {}
+            values = [th.get(c) if c in ("tokens_factor", "cost_factor") else r.get(c) for c in CSV_COLUMNS]
+            writer.writerow([*values, *((r.get("quality") or {}).get(m) for m in metrics)])

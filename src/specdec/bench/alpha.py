@@ -1,0 +1,320 @@
+"""``specdec alpha``: the acceptance rate alpha of drafts for a target on a task (paper Table 3, Table 5).
+
+For each prompt and temperature the target generates a continuation (greedy at temperature 0,
+sampled at temperature 1). Then, teacher-forced along that continuation, every draft proposes one
+token at every position (``propose(prefix, 1)``, so any drafter works) and the position's
+beta = sum_x min(p(x), q(x)) (Theorem 5) is recorded; alpha is the mean of beta over all positions
+(Corollary 6). Conventions, as in :mod:`specdec.stats`:
+
+- p and q are standardized the same way (Section 2.2); at temperature 0 both are one-hot, so beta is
+  1 when the draft's token is the target's argmax and 0 otherwise;
+- a draft without probabilities (prompt lookup) is a one-hot q on its token: beta = p(x); where it
+  proposes nothing, beta = 0. Its *coverage* is the fraction of positions where it proposed a token;
+- with lenience l (Appendix A.5): beta = min(1, sum_x min(p(x) / l, q(x))) when sampling, and at
+  temperature 0 the token also counts as accepted when p(x) >= l * max(p).
+
+The target's continuation can be produced speculatively (``--generate-with``, by default the first
+model draft): the output follows the target's distribution exactly, so alpha is measured on the same
+kind of text, in less time.
+
+    specdec alpha --task translation --n-prompts 10 --drafts qwen2.5-coder-0.5b bigram prompt-lookup
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm import tqdm
+
+import specdec
+from specdec.acceptance import lenient_greedy_mask
+from specdec.bench.drafts import ModelPool, build_draft, corpus_ids, is_model_spec, needs_corpus, parse_spec
+from specdec.bench.report import machine_info
+from specdec.bench.tasks import encode_item, has_chat_template, load_task
+from specdec.drafters import DraftContext, make_drafter
+from specdec.errors import SpecDecError
+from specdec.models import LanguageModel
+from specdec.sampling import SamplingParams, standardize
+
+DEFAULT_DRAFTS = ("qwen2.5-coder-0.5b", "unigram", "bigram", "prompt-lookup", "random")
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise SpecDecError(f"expected a comma-separated list of numbers, got {text!r}") from None
+    if not values:
+        raise SpecDecError(f"expected at least one number, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``specdec alpha`` options (the only place their defaults are declared)."""
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b", help="target model: preset, folder or hub id")
+    parser.add_argument("--drafts", nargs="+", default=list(DEFAULT_DRAFTS), metavar="SPEC",
+                        help="drafts to measure: models (NAME or NAME:int8), prompt-lookup, unigram, bigram, random, "
+                             "or a hierarchy 'A<-B' (default: %(default)s)")
+    parser.add_argument("--task", default="humaneval",
+                        help="humaneval, translation, summarization, jsonl:PATH, wmt:SRC,REF, cnndm:PATH")
+    parser.add_argument("--n-prompts", type=int, default=10, help="prompts of the task to use")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens the target generates per prompt")
+    parser.add_argument("--temperatures", default="0,1", help="comma list; 0 = greedy (default: 0,1)")
+    parser.add_argument("--leniences", default="1", help="comma list of lenience values l in (0, 1] (Table 5 form)")
+    parser.add_argument("--ngram-corpus", default="task",
+                        help="unigram/bigram estimated from: 'task' (the task's held-out text), 'prompt' (the prompt "
+                             "and generated text, as in generate), or a text file PATH")
+    parser.add_argument("--generate-with", default="auto",
+                        help="draft that speeds up the target's own generation (exact): 'auto' = the first model "
+                             "draft, 'none' = plain decoding, or a draft spec")
+    parser.add_argument("--dtype", default="bf16", help="bf16 (fast on CPU), fp32 or fp16")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the target's sampling (prompt i uses seed + i)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the JSON document to PATH")
+
+
+def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    if args.n_prompts < 1 or args.max_new_tokens < 1:
+        raise SpecDecError("--n-prompts and --max-new-tokens must be >= 1")
+    temperatures = float_list(args.temperatures)
+    leniences = float_list(args.leniences)
+    if any(t < 0 for t in temperatures):
+        raise SpecDecError(f"temperatures must be >= 0, got {args.temperatures}")
+    if any(not 0 < l <= 1 for l in leniences):
+        raise SpecDecError(f"leniences must be in (0, 1], got {args.leniences}")
+    if 1.0 not in leniences:
+        leniences = [1.0, *leniences]
+    for spec in args.drafts:
+        parse_spec(spec)
+    return temperatures, leniences
+
+
+def _corpus(args: argparse.Namespace, task) -> tuple[str | None, str]:
+    choice = args.ngram_corpus
+    if choice == "task":
+        return task.corpus, task.corpus_source
+    if choice == "prompt":
+        return None, "the prompt and the generated text (no corpus)"
+    path = Path(choice).expanduser()
+    if not path.is_file():
+        raise SpecDecError(f"--ngram-corpus: {path} is not a file (use 'task', 'prompt' or a text file)")
+    return path.read_text(encoding="utf-8"), str(path)
+
+
+def betas_for_draft(drafter: Any, target: LanguageModel, prompt_ids: Sequence[int], start: Sequence[int],
+                    generated: Sequence[int], logits: torch.Tensor, p: torch.Tensor, sampling: SamplingParams,
+                    leniences: Sequence[float], seed: int) -> tuple[dict[float, list[float]], int]:
+    """Teacher-forced betas of one drafter along one continuation.
+
+    start: the target's decoding sequence before the continuation (for a causal LM, the prompt).
+    generated: the continuation, n tokens; logits: [n, V] the target's logits predicting each of them;
+    p: [n, V] the standardized target distributions. Returns ({l: [beta at each position]}, covered).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    eos = frozenset(target.eos_token_ids)
+    source = list(prompt_ids) if target.is_encoder_decoder else ()
+    drafter.start(DraftContext(list(prompt_ids), sampling, generator, target.vocab_size, eos, source))
+    betas: dict[float, list[float]] = {l: [] for l in leniences}
+    covered = 0
+    sequence = list(start)
+    target_argmax = logits.argmax(-1)  # [n]
+    for j, actual in enumerate(generated):
+        draft = drafter.propose(sequence, 1)
+        if len(draft) == 0:
+            for l in leniences:
+                betas[l].append(0.0)
+        else:
+            covered += 1
+            x = draft.tokens[:1]  # [1]
+            if sampling.greedy:
+                exact = float(int(x[0]) == int(target_argmax[j]))
+                for l in leniences:
+                    ok = exact if l == 1.0 else float(exact or bool(lenient_greedy_mask(logits[j: j + 1], x, l)[0]))
+                    betas[l].append(ok)
+            else:
+                for l in leniences:
+                    if draft.q is not None:
+                        beta = float(torch.minimum(p[j] / l, draft.q[0]).sum().clamp(max=1.0))
+                    else:  # one-hot q on x
+                        beta = min(1.0, float(p[j, int(x[0])]) / l)
+                    betas[l].append(beta)
+        drafter.update(int(len(draft) > 0 and int(draft.tokens[0]) == int(actual)))
+        sequence.append(int(actual))
+    return betas, covered
+
+
+def measure(target: LanguageModel, drafts: dict[str, Any], prompts: Sequence[tuple[str, Sequence[int]]],
+            temperatures: Sequence[float], leniences: Sequence[float] = (1.0,), max_new_tokens: int = 64,
+            seed: int = 0, generate_with: Any = None, progress: bool = False) -> tuple[list[dict], list[dict]]:
+    """alpha of every draft (label -> anything ``specdec.generate(draft=...)`` takes) along the target's own
+    continuations of ``prompts`` ((id, token ids) pairs). Returns (one result per draft and temperature,
+    the generations). ``generate_with``: a draft that speeds up the target's generation (exact)."""
+    leniences = list(leniences) if 1.0 in leniences else [1.0, *leniences]
+    sums: dict[tuple[str, float], dict[float, list[float]]] = {}
+    covered: dict[tuple[str, float], int] = {}
+    per_prompt: dict[tuple[str, float], list[float]] = {}
+    generations: list[dict[str, Any]] = []
+    bar = tqdm(total=len(temperatures) * len(prompts) * (1 + len(drafts)), desc="alpha", unit="step",
+               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    for temperature in temperatures:
+        sampling = SamplingParams(temperature=temperature)
+        for i, (ident, ids) in enumerate(prompts):
+            bar.set_postfix_str(f"T={temperature:g} {ident} target generates")
+            out = specdec.generate(target, list(ids), draft=generate_with, temperature=temperature,
+                                   max_new_tokens=max_new_tokens, seed=seed + i)
+            generated = list(out.token_ids)
+            generations.append({"temperature": temperature, "prompt": ident, "prompt_tokens": len(ids),
+                                "new_tokens": len(generated), "token_ids": generated, "text": out.text})
+            bar.update()
+            if not generated:
+                bar.update(len(drafts))
+                continue
+            session, start = target.start(list(ids))
+            # row j: the logits at the position before generated[j], i.e. the target's prediction of it
+            logits = session.forward(list(start) + generated[:-1], len(generated)).float()  # [n, V]
+            p = standardize(logits, sampling)  # [n, V]
+            for label, draft in drafts.items():
+                bar.set_postfix_str(f"T={temperature:g} {ident} {label}")
+                drafter = make_drafter(draft, target)
+                with torch.inference_mode():
+                    betas, cov = betas_for_draft(drafter, target, ids, start, generated, logits, p, sampling,
+                                                 leniences, seed + i)
+                key = (label, temperature)
+                acc = sums.setdefault(key, {l: [] for l in leniences})
+                for l in leniences:
+                    acc[l].extend(betas[l])
+                covered[key] = covered.get(key, 0) + cov
+                per_prompt.setdefault(key, []).append(sum(betas[1.0]) / len(betas[1.0]))
+                bar.update()
+    bar.close()
+
+    results = []
+    for label in drafts:
+        for temperature in temperatures:
+            key = (label, temperature)
+            acc = sums.get(key)
+            n = len(acc[1.0]) if acc else 0
+            alpha = sum(acc[1.0]) / n if n else None
+            beta_sq = sum(b * b for b in acc[1.0]) / n if n else None
+            results.append({
+                "draft": label,
+                "kind": _kind(label),
+                "temperature": temperature,
+                "alpha": alpha,
+                "alpha_by_lenience": {str(l): (sum(acc[l]) / n if n else None) for l in leniences},
+                "positions": n,
+                "coverage": covered.get(key, 0) / n if n else None,
+                "alpha_where_proposed": (sum(acc[1.0]) / covered[key]) if n and covered.get(key) else None,
+                # standard error of the mean over positions (positions of one text are not independent)
+                "stderr": math.sqrt(max(0.0, beta_sq - alpha * alpha) / n) if n else None,
+                "per_prompt": per_prompt.get(key, []),
+            })
+    return results, generations
+
+
+def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: ModelPool | None = None,
+        progress: bool = True) -> dict[str, Any]:
+    """Measure alpha for every draft of ``args.drafts``; returns the JSON-able document.
+
+    target / pool: models already loaded (tests inject tiny ones); by default loaded from the names.
+    """
+    temperatures, leniences = _validate(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    task = load_task(args.task, args.n_prompts)
+    pool = pool if pool is not None else ModelPool(args.dtype)
+    target = target if target is not None else pool.get(args.target)
+    corpus_text, corpus_source = _corpus(args, task)
+    ids_corpus = corpus_ids(corpus_text, target) if needs_corpus(args.drafts) else None
+    drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in args.drafts}
+    if args.generate_with == "auto":
+        gen_spec = next((s for s in args.drafts if is_model_spec(s)), None)
+    else:
+        gen_spec = None if args.generate_with == "none" else args.generate_with
+    gen_draft = None if gen_spec is None else (drafts[gen_spec] if gen_spec in drafts else build_draft(gen_spec, pool))
+    prompts = [(item.id, encode_item(target, item)) for item in task.items]
+    t_start = time.perf_counter()
+    results, generations = measure(target, drafts, prompts, temperatures, leniences, args.max_new_tokens, args.seed,
+                                   gen_draft, progress)
+    return {
+        "command": "specdec alpha",
+        "config": {
+            "target": target.name,
+            "task": task.name,
+            "task_source": task.source,
+            "chat_template": any(i.chat for i in task.items) and has_chat_template(target),
+            "n_prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "temperatures": temperatures,
+            "leniences": leniences,
+            "drafts": list(drafts),
+            "ngram_corpus": corpus_source,
+            "ngram_corpus_tokens": len(ids_corpus) if ids_corpus else 0,
+            "generated_with": gen_spec or "plain decoding",
+            "dtype": str(target.dtype).replace("torch.", ""),
+            "seed": args.seed,
+        },
+        "machine": machine_info(str(target.dtype).replace("torch.", "")),
+        "seconds": time.perf_counter() - t_start,
+        "results": results,
+        "generations": generations,
+    }
+
+
+def _kind(spec: str) -> str:
+    try:
+        levels = parse_spec(spec)
+    except SpecDecError:
+        return "custom"
+    if len(levels) > 1:
+        return "hierarchy"
+    return levels[0][0] if levels[0][0] in ("unigram", "bigram", "prompt-lookup", "random") else "model"
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _sampling(temperature: float) -> str:
+    return "t=0 (argmax)" if temperature == 0 else f"t={temperature:g}"
+
+
+def table(document: dict[str, Any]) -> str:
+    """Markdown in the paper's Table 3 form, then Table 5 (alpha vs lenience) when leniences were given."""
+    cfg = document["config"]
+    lines = ["| M_p | M_q | task | sampling | alpha | ± s.e. | positions | coverage |", "|---|---|---|---|---|---|---|---|"]
+    for r in document["results"]:
+        lines.append(f"| {cfg['target']} | {r['draft']} | {cfg['task']} | {_sampling(r['temperature'])} | "
+                     f"{_fmt(r['alpha'])} | {_fmt(r['stderr'])} | {r['positions']} | {_fmt(r['coverage'], '.2f')} |")
+    leniences = [l for l in cfg["leniences"]]
+    if len(leniences) > 1:
+        lines += ["", "alpha vs lenience l (paper Table 5 form; l < 1 is not exact):", "",
+                  "| M_q | sampling | " + " | ".join(f"l={l:g}" for l in leniences) + " |",
+                  "|---|---|" + "---|" * len(leniences)]
+        for r in document["results"]:
+            lines.append(f"| {r['draft']} | {_sampling(r['temperature'])} | "
+                         + " | ".join(_fmt(r["alpha_by_lenience"][str(l)]) for l in leniences) + " |")
+    lines += ["", f"{cfg['n_prompts']} prompts of {cfg['task']} ({cfg['task_source']}), up to {cfg['max_new_tokens']} "
+              f"tokens each generated by the target ({cfg['generated_with']}), {cfg['dtype']}; unigram/bigram "
+              f"estimated from {cfg['ngram_corpus']} ({cfg['ngram_corpus_tokens']} tokens). Coverage: fraction of "
+              "positions where the draft proposed a token (beta = 0 elsewhere)."]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run, print the table, then the JSON document (last on stdout)."""
+    document = run(args)
+    text = json.dumps(document, indent=2)
+    if args.json:
+        Path(args.json).expanduser().write_text(text + "\n", encoding="utf-8")
+    print(table(document))
+    print()
+    print(text, flush=True)
+    return 0

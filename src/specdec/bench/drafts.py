@@ -1,0 +1,113 @@
+"""Draft specifications shared by ``specdec bench`` and ``specdec alpha``, and the models they load.
+
+A draft is written as one string:
+
+    SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
+    LEVEL := NAME [":" QUANT]         NAME: a model (preset, folder, hub id) or prompt-lookup, unigram,
+                                      bigram, random; QUANT: int8 or int8-tensor (a model only)
+
+e.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``'qwen2.5-coder-0.5b<-prompt-lookup'`` (quote
+it in a shell), ``bigram``. Unigram and bigram drafts are fitted once on a corpus when one is given
+(a fixed model, as in the paper's Table 3), else on the prompt and the generated text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from specdec.drafters import DRAFTER_NAMES, DraftContext, DrafterBase, NGramDrafter
+from specdec.errors import SpecDecError
+from specdec.models import LanguageModel
+
+QUANTIZATIONS = ("int8", "int8-tensor")
+
+
+def parse_spec(spec: str) -> list[tuple[str, str | None]]:
+    """``"a:int8<-b"`` -> ``[("a", "int8"), ("b", None)]``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecDecError(f"empty draft specification {spec!r}")
+    levels = []
+    for part in spec.split("<-"):
+        part = part.strip()
+        name, quant = part, None
+        head, sep, tail = part.rpartition(":")
+        if sep and tail in QUANTIZATIONS:
+            name, quant = head, tail
+        if not name:
+            raise SpecDecError(f"draft specification {spec!r} has an empty level")
+        if quant is not None and name in DRAFTER_NAMES:
+            raise SpecDecError(f"{name!r} has no weights to quantize (in {spec!r})")
+        levels.append((name, quant))
+    for name, _ in levels[:-1]:
+        if name in DRAFTER_NAMES:
+            raise SpecDecError(
+                f"in the hierarchy {spec!r} every level but the last must be a model; put {name!r} last"
+            )
+    return levels
+
+
+def is_model_spec(spec: str) -> bool:
+    """True when the spec is one model level (transformers' assisted generation can use it)."""
+    levels = parse_spec(spec)
+    return len(levels) == 1 and levels[0][0] not in DRAFTER_NAMES
+
+
+class CorpusNGramDrafter(NGramDrafter):
+    """An n-gram draft fitted once on a fixed corpus: ``start`` does not refit (no cost per generation)."""
+
+    def __init__(self, order: int, corpus_ids: Sequence[int]):
+        super().__init__(order, corpus_ids)
+
+    def start(self, context: DraftContext) -> None:
+        DrafterBase.start(self, context)
+        self._last_len = len(context.prompt_ids)
+
+
+class ModelPool:
+    """Loads each model once. ``models`` pre-seeds it (name or ``name:quant`` -> loaded model)."""
+
+    def __init__(self, dtype: Any = None, models: dict[str, LanguageModel] | None = None):
+        self.dtype = dtype
+        self.models: dict[str, LanguageModel] = dict(models or {})
+
+    def get(self, name: str, quantize: str | None = None) -> LanguageModel:
+        import specdec
+
+        key = f"{name}:{quantize}" if quantize else name
+        if key not in self.models:
+            if name in DRAFTER_NAMES:
+                raise SpecDecError(f"{name!r} is a drafter, not a model")
+            self.models[key] = specdec.load(name, dtype=self.dtype, quantize=quantize)
+        return self.models[key]
+
+
+def build_draft(spec: str, pool: ModelPool, corpus_ids: Sequence[int] | None = None) -> Any:
+    """What ``specdec.generate(draft=...)`` takes for ``spec``: a model, a drafter (name or object), or a
+    list of them (a hierarchy). Unigram/bigram get ``corpus_ids`` when given."""
+    levels = []
+    for name, quant in parse_spec(spec):
+        if name in ("unigram", "bigram") and corpus_ids:
+            levels.append(CorpusNGramDrafter(1 if name == "unigram" else 2, corpus_ids))
+        elif name in DRAFTER_NAMES:
+            levels.append(name)
+        else:
+            levels.append(pool.get(name, quant))
+    return levels[0] if len(levels) == 1 else levels
+
+
+def spec_models(spec: str, pool: ModelPool) -> list[LanguageModel]:
+    """The models of a spec, in level order (for measuring their step cost)."""
+    return [pool.get(name, quant) for name, quant in parse_spec(spec) if name not in DRAFTER_NAMES]
+
+
+def needs_corpus(specs: Sequence[str]) -> bool:
+    """True when some spec has a unigram or bigram level (the only drafts that use a corpus)."""
+    return any(name in ("unigram", "bigram") for spec in specs for name, _ in parse_spec(spec))
+
+
+def corpus_ids(text: str | None, target: LanguageModel) -> list[int] | None:
+    """The corpus tokenized with the target's tokenizer (None when there is no corpus)."""
+    if not text:
+        return None
+    # verbose=False: a corpus is longer than the model's context on purpose (it is only counted)
+    return list(target.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])

@@ -1,0 +1,69 @@
+"""Quality metrics of generated text against references, all computed offline.
+
+- ``bleu``: sacrebleu corpus BLEU (default 13a tokenization), 0-100;
+- ``chrf``: sacrebleu corpus chrF (character 6-grams, beta 2), 0-100;
+- ``rouge1`` / ``rouge2`` / ``rougeL``: mean F1 of rouge-score's RougeScorer with the Porter stemmer, x 100.
+
+Hypotheses are cleaned by the task first (see :mod:`specdec.bench.tasks`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specdec.errors import SpecDecError
+
+METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL")
+
+
+def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    if len(hyps) != len(refs):
+        raise SpecDecError(f"{len(hyps)} outputs but {len(refs)} references")
+    if not hyps:
+        raise SpecDecError("no outputs to score")
+
+
+def bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    import sacrebleu
+
+    _check(hyps, refs)
+    return float(sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score)
+
+
+def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    import sacrebleu
+
+    _check(hyps, refs)
+    return float(sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score)
+
+
+def rouge(hyps: Sequence[str], refs: Sequence[str], kinds: Sequence[str] = ("rouge1", "rouge2", "rougeL")) -> dict[str, float]:
+    from rouge_score import rouge_scorer
+
+    _check(hyps, refs)
+    scorer = rouge_scorer.RougeScorer(list(kinds), use_stemmer=True)
+    totals = {k: 0.0 for k in kinds}
+    for hyp, ref in zip(hyps, refs):
+        scores = scorer.score(ref, hyp)  # (target, prediction)
+        for k in kinds:
+            totals[k] += scores[k].fmeasure
+    return {k: 100.0 * v / len(hyps) for k, v in totals.items()}
+
+
+def score(metrics: Sequence[str], hyps: Sequence[str], refs: Sequence[str | None]) -> dict[str, float]:
+    """Every metric in ``metrics`` over the pairs (outputs without a reference are an error)."""
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise SpecDecError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRICS)}")
+    if any(r is None for r in refs):
+        raise SpecDecError("every output needs a reference to be scored")
+    refs = [str(r) for r in refs]
+    out: dict[str, float] = {}
+    if "bleu" in metrics:
+        out["bleu"] = bleu(hyps, refs)
+    if "chrf" in metrics:
+        out["chrf"] = chrf(hyps, refs)
+    kinds = [m for m in metrics if m.startswith("rouge")]
+    if kinds:
+        out.update(rouge(hyps, refs, kinds))
+    return {m: out[m] for m in metrics}

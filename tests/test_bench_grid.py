@@ -1,0 +1,148 @@
+"""specdec bench, full form: the grid (temperatures x drafts x gammas x schedules x lenience), Theorem 8
+beside each measured speedup, quality, output files; on tiny models (fast)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+
+import pytest
+
+import specdec.bench as bench
+from specdec import cli
+from specdec.bench import theory
+from specdec.bench.drafts import ModelPool, parse_spec
+from specdec.errors import SpecDecError
+from tiny import load_tiny, perturbed, tiny_model, tiny_tokenizer
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = load_tiny("llama", sharp=4.0)
+    return target, perturbed(target, 0.3)
+
+
+@pytest.fixture()
+def task_file(tmp_path):
+    path = tmp_path / "task.jsonl"
+    rows = [("w1 w2 w3 w4", "w5 w6 w7"), ("w5 w6 w7 w8 w5 w6", "w7 w8"), ("w11 w12", "w13 w14")]
+    path.write_text("".join(json.dumps({"prompt": p, "reference": r}) + "\n" for p, r in rows))
+    return path
+
+
+def test_draft_specs():
+    assert parse_spec("a:int8<-b<-prompt-lookup") == [("a", "int8"), ("b", None), ("prompt-lookup", None)]
+    assert parse_spec("/models/x:y") == [("/models/x:y", None)]
+    for bad in ("prompt-lookup<-a", "bigram:int8", "a<-", ""):
+        with pytest.raises(SpecDecError):
+            parse_spec(bad)
+
+
+def test_cells_and_labels():
+    grid = bench.Grid([0.0], ["m", "prompt-lookup", "m<-bigram"], [2, 4], ["constant", "adaptive"], [1.0, 0.5])
+    cells = bench.build_cells(list(bench.METHODS), grid, gamma=4)
+    labels = [c.label for c in cells]
+    assert labels[:2] == ["specdec-plain", "hf-plain"]
+    assert "specdec-spec[m,gamma=2]" in labels and "specdec-spec[m<-bigram,gamma=4,adaptive]" in labels
+    assert "specdec-spec[prompt-lookup,gamma=4,l=0.5]" in labels
+    assert [c.label for c in cells if c.method == "hf-assisted"] == ["hf-assisted[m,gamma=4]", "hf-assisted[prompt-lookup,gamma=4]"]
+    assert len([c for c in cells if c.method == "specdec-spec"]) == 3 * (2 + 1 + 1)
+    one = bench.build_cells(list(bench.METHODS), bench.Grid([0.0], ["m"], [4], ["constant"], [1.0]), gamma=4)
+    assert [c.label for c in one] == ["specdec-plain", "hf-plain", "specdec-spec", "hf-assisted"]
+
+
+def test_theory_factors_multiply_to_the_ratio():
+    plain = {"new_tokens": 100, "seconds": 10.0, "tokens_per_second": 10.0}
+    spec = {"new_tokens": 100, "seconds": 5.0, "tokens_per_second": 20.0, "target_calls": 40, "drafted": 150,
+            "mean_accepted_length": 2.5, "time_target_s": 3.0, "time_draft_s": 1.5, "time_other_s": 0.3,
+            "time_setup_s": 0.2}
+    row = theory.compare(alpha=0.7, gamma=4, c=0.1, plain=plain, spec=spec, verify_cost_ratio=1.2)
+    assert row["predicted"] == pytest.approx((1 - 0.7 ** 5) / (0.3 * 1.4))
+    assert row["measured"] == pytest.approx(2.0)
+    assert row["ratio"] == pytest.approx(row["tokens_factor"] * row["cost_factor"])
+    assert row["within_tolerance"] is (abs(row["ratio"] - 1) <= 0.15)
+    assert row["verify_per_call_s"] == pytest.approx(3.0 / 40) and row["other_per_call_s"] == pytest.approx(0.5 / 40)
+    text = theory.explain(row)
+    assert "Theorem 8" in text and ("OUTSIDE" in text) == (not row["within_tolerance"])
+    if not row["within_tolerance"]:
+        assert "tokens factor" in text and "cost factor" in text and "verification" in text
+    assert theory.compare(alpha=None, gamma=4, c=0.1, plain=plain, spec=spec)["predicted"] is None
+
+
+def test_grid_on_tiny_models(models, task_file, tmp_path):
+    target, draft = models
+    pool = ModelPool("fp32", {"tiny-draft": draft})
+    args = parse("--task", f"jsonl:{task_file}", "--n-prompts", "2", "--max-new-tokens", "6", "--dtype", "fp32",
+                 "--drafts", "tiny-draft", "prompt-lookup", "tiny-draft<-bigram", "--gammas", "2,3",
+                 "--temperatures", "0,1", "--gamma-schedules", "constant,heuristic", "--leniences", "1,0.5",
+                 "--gamma", "3", "--warmup", "0")
+    result = bench.run(args, target=target, pool=pool, progress=False)
+
+    assert set(result["by_temperature"]) == {"0", "1"}
+    cfg = result["config"]
+    assert cfg["temperatures"] == [0.0, 1.0] and cfg["gammas"] == [2, 3] and cfg["leniences"] == [1.0, 0.5]
+    rows = result["rows"]
+    spec = [r for r in rows if r["method"] == "specdec-spec"]
+    assert len(spec) == 2 * 3 * (2 + 1 + 1)  # temperatures x drafts x (gammas + heuristic + lenience)
+    assert {r["label"] for r in rows if r["method"] == "hf-assisted"} == {"hf-assisted[tiny-draft,gamma=3]",
+                                                                          "hf-assisted[prompt-lookup,gamma=3]"}
+    assert "hf-assisted[tiny-draft<-bigram]" in result["skipped"]
+    for r in spec:
+        assert "predicted_speedup" in r and "within_15pct" in r and "check" in r
+    model_rows = [r for r in spec if r["draft"] == "tiny-draft" and r["schedule"] == "constant" and r["lenience"] == 1.0]
+    for r in model_rows:
+        assert r["c_source"] == "direct" and r["c"] == pytest.approx(result["costs"]["drafts"]["tiny-draft"]["c_direct"])
+        assert r["predicted_speedup"] > 0 and 0.0 <= r["alpha"] <= 1.0 and r["mean_accepted_length"] >= 1.0
+        assert r["quality"] and set(r["quality"]) == {"bleu", "chrf", "rougeL"}
+    # exact configurations at temperature 0 give exactly plain decoding's tokens (fp32)
+    for r in spec:
+        if r["temperature"] == 0 and r["exact"]:
+            assert r["identical_to_plain"] == "2/2", r["label"]
+    hier = [r for r in spec if r["draft"] == "tiny-draft<-bigram" and r["schedule"] == "constant"]
+    assert all(r["levels"] and r["levels"][0]["level"].startswith("tiny-llama-perturbed<-") for r in hier)
+    assert result["costs"]["verify_cost_ratio"].keys() == {"2", "3"}
+    assert result["step_costs"]["c_direct"] > 0  # the original layout, for the primary draft
+
+    paths = bench.write_outputs(result, tmp_path / "out")
+    assert all(p.stat().st_size > 0 for p in paths.values())
+    with open(paths["csv"], newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) and "predicted_speedup" in table[0] and "quality_bleu" in table[0]
+    md = paths["md"].read_text()
+    assert "paper Table 2 form" in md and "| EXP (Theorem 8) | EMP (measured) |" in md and "Theorem 8 checks" in md
+    assert "NOT exact" in md and "Hierarchies, per level" in md
+    json.loads(paths["json"].read_text())
+
+
+def test_cli_bench_out(tmp_path, task_file, capsys):
+    folder = tmp_path / "model"
+    tiny_model(eos=None).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    out = tmp_path / "results"
+    code = cli.main(["bench", "--target", str(folder), "--drafts", str(folder), "--dtype", "fp32",
+                     "--task", f"jsonl:{task_file}", "--n-prompts", "2", "--max-new-tokens", "6", "--warmup", "0",
+                     "--methods", "specdec-plain,specdec-spec", "--gammas", "2,3", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0 and text.startswith("| method |")
+    assert {p.name for p in out.iterdir()} == {"bench.json", "bench.csv", "bench.md"}
+    doc = json.loads((out / "bench.json").read_text())
+    spec = [r for r in doc["rows"] if r["method"] == "specdec-spec"]
+    assert [r["gamma"] for r in spec] == [2, 3] and all(r["alpha"] == pytest.approx(1.0) for r in spec)
+
+
+def test_bad_grid_options(models):
+    target, _ = models
+    for argv, match in ((["--gammas", "0,2"], "gammas"), (["--temperatures", "x"], "numbers"),
+                        (["--gamma-schedules", "fast"], "schedule"), (["--leniences", "1.5"], "lenience"),
+                        (["--drafts", "prompt-lookup<-bigram"], "last")):
+        with pytest.raises(SpecDecError, match=match):
+            bench.run(parse(*argv), target=target, progress=False)
+    with pytest.raises(SpecDecError, match="not both"):
+        bench.run(parse("--prompts-file", "x.jsonl", "--task", "translation"), target=target, progress=False)

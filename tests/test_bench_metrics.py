@@ -1,0 +1,42 @@
+"""Quality metrics on known strings (sacrebleu BLEU / chrF, rouge-score ROUGE with stemming)."""
+
+import pytest
+
+from specdec.bench.metrics import bleu, chrf, rouge, score
+from specdec.errors import SpecDecError
+
+REF = ["the cat sat on the mat today", "a quick brown fox jumps over it"]
+
+
+def test_identical_outputs_score_100():
+    assert bleu(REF, REF) == pytest.approx(100.0)
+    assert chrf(REF, REF) == pytest.approx(100.0)
+    assert rouge(REF, REF) == pytest.approx({"rouge1": 100.0, "rouge2": 100.0, "rougeL": 100.0})
+
+
+def test_disjoint_outputs_score_0():
+    hyps = ["xyz qqq", "www vvv"]
+    assert bleu(hyps, REF) == pytest.approx(0.0)
+    assert rouge(hyps, REF)["rouge1"] == pytest.approx(0.0)
+
+
+def test_known_values():
+    # ROUGE-1: "the cat" vs "the cat sat": precision 1, recall 2/3 -> F1 0.8; stemming maps "cats" to "cat".
+    assert rouge(["the cat"], ["the cat sat"], ["rouge1"]) == {"rouge1": pytest.approx(80.0)}
+    assert rouge(["cats"], ["cat"], ["rouge1"]) == {"rouge1": pytest.approx(100.0)}
+    # BLEU of a 4-token output against itself plus one extra reference token: brevity penalty exp(1 - 5/4).
+    import math
+
+    assert bleu(["a b c d"], ["a b c d e"]) == pytest.approx(100 * math.exp(1 - 5 / 4), rel=1e-6)
+    assert 0 < chrf(["Hallo Welt"], ["Hallo schöne Welt"]) < 100
+
+
+def test_score_dispatch_and_errors():
+    out = score(("bleu", "chrf", "rougeL"), REF, REF)
+    assert list(out) == ["bleu", "chrf", "rougeL"] and all(v == pytest.approx(100.0) for v in out.values())
+    with pytest.raises(SpecDecError, match="unknown metric"):
+        score(("meteor",), REF, REF)
+    with pytest.raises(SpecDecError, match="reference"):
+        score(("bleu",), REF, [REF[0], None])
+    with pytest.raises(SpecDecError):
+        bleu(REF, REF[:1])

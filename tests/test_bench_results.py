@@ -1,0 +1,84 @@
+"""The results generator (specdec results) end to end on tiny models: every part, RESULTS.md, figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from specdec import cli
+from specdec.bench import results
+from specdec.bench.drafts import ModelPool
+from specdec.models.quantize import quantize_model
+from tiny import load_tiny, perturbed
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    results.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.fixture()
+def task_file(tmp_path):
+    path = tmp_path / "task.jsonl"
+    rows = [("w1 w2 w3 w4", "w5 w6 w7"), ("w5 w6 w7 w8 w5 w6", "w7 w8"), ("w11 w12", "w13 w14")]
+    path.write_text("".join(json.dumps({"prompt": p, "reference": r}) + "\n" for p, r in rows))
+    return path
+
+
+def test_plan_quick_and_full():
+    quick = results.plan(parse("--quick"))
+    full = results.plan(parse())
+    assert [s.kind for s in quick] == ["alpha"] * 3 + ["speed"] * 3 + ["extension", "beam"]
+    assert [s.kind for s in full] == ["alpha"] * 3 + ["speed"] * 3 + ["extension", "beam", "beam"]
+    ext = next(s for s in quick if s.kind == "extension")
+    command = ext.command(results.Path("docs"))
+    assert command.startswith("specdec bench ") and "'qwen2.5-coder-0.5b<-prompt-lookup'" in command
+    assert "--gamma-schedules constant,heuristic,adaptive" in command
+    alpha_step = quick[0]
+    assert "qwen2.5-coder-0.5b:int8" in alpha_step.argv and "random" in alpha_step.argv
+    assert "qwen2.5-coder-0.5b:int8" not in results.plan(parse("--quick", "--no-int8-draft"))[0].argv
+    assert [s.kind for s in results.plan(parse("--parts", "alpha,beam", "--tasks", "translation"))] == ["alpha", "beam"]
+
+
+def test_dry_run_prints_the_commands(capsys):
+    assert cli.main(["results", "--quick", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("specdec alpha ") == 3 and out.count("specdec bench ") == 4
+
+
+def test_generate_on_tiny_models(tmp_path, task_file):
+    target = load_tiny("llama", sharp=4.0)
+    draft = perturbed(target, 0.3)
+    draft_int8 = perturbed(target, 0.3)
+    quantize_model(draft_int8, "int8")
+    pool = ModelPool("fp32", {"tiny-draft": draft, "tiny-draft:int8": draft_int8})
+    out = tmp_path / "docs"
+    args = parse("--quick", "--out", str(out), "--target", "tiny", "--draft", "tiny-draft", "--dtype", "fp32",
+                 "--tasks", f"jsonl:{task_file}", "--n-prompts", "2", "--max-new-tokens", "6")
+    result = results.generate(args, pool=pool, target=target, progress=False)
+
+    text = (out / "RESULTS.md").read_text()
+    for heading in ("## Machine", "## Summary", "## 1. Acceptance rate alpha", "## 2. Speed and the Theorem 8",
+                    "## 3. Fixed gamma vs gamma schedules", "## 4. Speculative beam search", "## 5. Figures",
+                    "## 6. Theorem 8 checks"):
+        assert heading in text
+    assert "specdec results --quick" in text and "specdec alpha " in text and "specdec bench " in text
+    assert "| EXP (Theorem 8) | EMP (measured) |" in text and "Best fixed gamma" in text
+    assert "measured speedups are within ±15%" in text
+    figures = sorted(p.name for p in (out / "figures").iterdir())
+    assert "figure2_expected_tokens.png" in figures and any(n.startswith("speedup_vs_gamma") for n in figures)
+    for name in figures:
+        assert f"figures/{name}" in text
+    raw = {p.name for p in (out / "results").iterdir()}
+    assert {"alpha_jsonl_task.jsonl.json", "speed_jsonl_task.jsonl", "extension_jsonl_task.jsonl"} <= raw
+    beam = dict(result["steps"])["beam_jsonl_task.jsonl"]
+    fn, why = results.beam_available()
+    if fn is None:
+        assert beam["skipped"] == why and "Skipped" in text
+    else:  # exact speculative beam search must equal plain beam search
+        exact = [r for r in beam["rows"] if r["mode"] == "exact"]
+        assert exact and all(r.get("identical_to_plain_beam") == "2/2" for r in exact), beam["rows"]
+        assert "| beams w | mode |" in text
