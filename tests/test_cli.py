@@ -36,11 +36,22 @@ def test_generate_json_equals_the_api(capsys, model_dir):
 
 def test_generate_streams_text_and_prints_statistics(capsys, model_dir):
     code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir,
-                       "--max-new-tokens", "10", "--color", "never")
+                       "--draft-quantize", "none", "--max-new-tokens", "10", "--color", "never")
     api = specdec.generate(specdec.load(model_dir), "w1 w2 w3", max_new_tokens=10)
     assert code == 0
     assert out.startswith(api.text)
     assert "mean accepted length" in out and "alpha 1.000" in out  # the target drafting for itself
+
+
+def test_model_drafts_are_int8_by_default_and_exact(capsys, model_dir):
+    code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir, "--dtype", "fp32",
+                       "--max-new-tokens", "10", "--json")
+    plain = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=10)
+    assert code == 0 and json.loads(out)["token_ids"] == plain.token_ids
+    from specdec.cli import DEFAULT_DRAFT_QUANTIZE, build_parser
+
+    assert DEFAULT_DRAFT_QUANTIZE == "int8"
+    assert build_parser().parse_args(["generate", "x"]).draft_quantize == "int8"
 
 
 def test_colour_marks_draft_and_target_tokens(capsys, model_dir):

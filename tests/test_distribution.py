@@ -16,7 +16,7 @@ from stats_util import chi_square_pvalue
 from tiny import load_tiny, perturbed
 
 PROMPT = [1, 3, 5, 2]
-N_RUNS = 5000
+N_RUNS = 3000
 V = 8
 
 

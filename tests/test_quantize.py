@@ -3,12 +3,11 @@
 import copy
 
 import pytest
-import torch
 
 import specdec
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
-from test_distribution import PROMPT as DIST_PROMPT, V, exact_joint
+from test_distribution import V, exact_joint, sampled_joint
 from tiny import load_tiny, perturbed
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
@@ -38,10 +37,7 @@ def test_quantized_draft_keeps_the_distribution():
     target = load_tiny(vocab=V, eos=None, sharp=2.0)
     draft = quantized_copy(perturbed(target, 0.7, seed=3))
     probs = exact_joint(target, SamplingParams(temperature=1.0))
-    counts = torch.zeros(V * V)
-    for seed in range(2000):
-        out = specdec.generate(target, DIST_PROMPT, draft=draft, gamma=2, max_new_tokens=2, temperature=1.0, seed=seed)
-        counts[out.token_ids[0] * V + out.token_ids[1]] += 1
+    counts = sampled_joint(target, draft, 2000, gamma=2, temperature=1.0)
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
 
 

@@ -1,13 +1,12 @@
 """Gamma schedules (issue: adaptive drafting): the rules, and exactness of every schedule."""
 
 import pytest
-import torch
 
 import specdec
 from specdec.analysis import optimal_gamma
 from specdec.schedules import AdaptiveSchedule, HeuristicSchedule, StepFeedback, make_schedule
 from stats_util import chi_square_pvalue
-from test_distribution import PROMPT as DIST_PROMPT, V, exact_joint
+from test_distribution import V, exact_joint, sampled_joint
 from specdec.sampling import SamplingParams
 from tiny import load_tiny, perturbed
 
@@ -73,11 +72,8 @@ def test_every_schedule_keeps_the_distribution(schedule):
     target = load_tiny(vocab=V, eos=None, sharp=2.0)
     draft = perturbed(target, 1.0, seed=3)
     probs = exact_joint(target, SamplingParams(temperature=1.0))
-    counts = torch.zeros(V * V)
-    for seed in range(2000):
-        out = specdec.generate(target, DIST_PROMPT, draft=draft, gamma=2, gamma_schedule=schedule, max_gamma=4,
-                               confidence=0.3, max_new_tokens=2, temperature=1.0, seed=seed)
-        counts[out.token_ids[0] * V + out.token_ids[1]] += 1
+    counts = sampled_joint(target, draft, 2000, gamma=2, gamma_schedule=schedule, max_gamma=4, confidence=0.3,
+                           temperature=1.0)
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
 
 

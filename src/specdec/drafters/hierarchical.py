@@ -18,14 +18,14 @@ from typing import Sequence
 import torch
 
 from specdec.acceptance import acceptance_probability, greedy_verification, speculative_sampling
-from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterBase
-from specdec.drafters.model import fit_width
+from specdec.drafters.base import Draft, DraftContext, Drafter
+from specdec.drafters.model import ModelDrafter, fit_width
 from specdec.models import LanguageModel
 from specdec.sampling import standardize
 from specdec.stats import GenerationStats
 
 
-class SpeculativeDrafter(DrafterBase):
+class SpeculativeDrafter(ModelDrafter):
     """Level-1 drafter: ``model`` proposes tokens by speculative decoding with ``inner`` as its draft.
 
     inner_gamma: tokens ``inner`` proposes per verification by ``model``.
@@ -34,20 +34,14 @@ class SpeculativeDrafter(DrafterBase):
     """
 
     def __init__(self, model: LanguageModel, inner: Drafter, inner_gamma: int = 4):
-        self.model = model
+        super().__init__(model)
         self.inner = inner
         self.inner_gamma = inner_gamma
         self.name = f"{model.name}<-{inner.name}"
-        self.session = None
         self.stats = GenerationStats()
 
-    @property
-    def forward_passes(self) -> int:  # type: ignore[override]
-        return 0 if self.session is None else self.session.forward_passes
-
     def start(self, context: DraftContext) -> None:
-        super().start(context)
-        self.session, _ = self.model.start(context.prompt_ids)
+        super().start(context)  # M_1's session, as for a plain model draft
         # The inner drafter sees the same random source and standardization, with M_1's width.
         self.inner.start(context)
         self.stats = GenerationStats()
