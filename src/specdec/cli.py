@@ -160,7 +160,8 @@ def _generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n\n")
     if colour:
         sys.stdout.write(f"{COLOUR_DRAFT}accepted from the draft{COLOUR_RESET}  {COLOUR_TARGET}produced by the target{COLOUR_RESET}\n")
-    print(f"target {target.name}, draft {' <- '.join(args.draft or [DEFAULT_DRAFT])}")
+    drafts = draft if isinstance(draft, list) else [draft]
+    print(f"target {target.name}, draft {' <- '.join(getattr(d, 'name', str(d)) for d in drafts)}")
     print(out.stats.summary())
     if "beam" in out.extra:
         beam = out.extra["beam"]
