@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate docs/RESULTS.md (tables, the commands behind them, the machine, the figures).
 
-    python scripts/make_results.py --quick   # about 10-15 minutes on a 2-core CPU
+    python scripts/make_results.py --quick   # a few minutes on a 2-core CPU
     python scripts/make_results.py           # the full set, about an hour
     python scripts/make_results.py --dry-run # print the plan
 

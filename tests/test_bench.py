@@ -25,7 +25,7 @@ def test_defaults():
     assert (args.target, args.draft, args.gamma, args.n_prompts, args.max_new_tokens) == (
         "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 4, 20, 64)
     assert args.temperature == 0.0 and args.dtype == "bf16" and args.repeats == 1 and args.warmup == 1
-    assert args.methods.split(",") == list(METHODS) and args.threads is None and args.json is None
+    assert args.methods is None and args.threads is None and args.json is None
 
 
 def test_humaneval_prompts():
@@ -78,7 +78,7 @@ def test_run_tiny(tiny_pair, prompts_file, tmp_path, capsys):
                  "--gamma", "3", "--repeats", "2", "--dtype", "fp32")
     result = bench.run(args, target=target, draft=draft, progress=False)
 
-    assert set(result["methods"]) == set(METHODS)
+    assert set(result["methods"]) == set(METHODS) - {"llama-cpp"}  # no GGUF for a tiny model: left out
     for name, m in result["methods"].items():
         assert m["runs"] == 4 and m["new_tokens"] > 0 and m["tokens_per_second"] > 0
         assert set(result["speedups"][name]) == {"vs_specdec-plain", "vs_hf-plain", "vs_hf-assisted"}
@@ -131,3 +131,54 @@ def test_prompt_lookup_draft_name(tiny_pair, prompts_file):
 def test_bad_method(tiny_pair):
     with pytest.raises(SpecDecError, match="unknown method"):
         bench.run(parse("--methods", "specdec-plain,fast"), target=tiny_pair[0], progress=False)
+
+
+class FakeLlama:
+    """Stands in for llama_cpp.Llama: yields a fixed token stream and records how it was called."""
+
+    def __init__(self, stream):
+        self.stream, self.calls, self.seeds, self.resets = stream, [], [], 0
+
+    def reset(self):
+        self.resets += 1
+
+    def set_seed(self, seed):
+        self.seeds.append(seed)
+
+    def generate(self, tokens, **options):
+        self.calls.append((list(tokens), options))
+        yield from self.stream
+
+
+def test_llama_cpp_runner_greedy_stops_at_eos_and_length():
+    from specdec.bench.methods import Settings, llama_cpp_runner
+
+    llm = FakeLlama([5, 6, 2, 7, 8])
+    trial = llama_cpp_runner(llm, {2}, Settings(4, 0.0, 10, 0))([1, 2, 3])
+    assert trial.tokens == [5, 6, 2] and trial.stats is None and trial.seconds > 0
+    prompt, options = llm.calls[0]
+    assert prompt == [1, 2, 3] and options["reset"] and llm.resets == 1  # no prefix reuse across calls
+    assert options["temp"] == 0.0 and options["top_k"] == 1 and options["repeat_penalty"] == 1.0
+    assert llama_cpp_runner(llm, {2}, Settings(4, 0.0, 2, 0))([1]).tokens == [5, 6]
+    sampled = llama_cpp_runner(llm, set(), Settings(4, 1.0, 3, 7))([1])
+    assert sampled.tokens == [5, 6, 2] and llm.seeds == [7]
+    options = llm.calls[-1][1]
+    assert options["temp"] == 1.0 and options["top_k"] == 0 and options["top_p"] == 1.0 and options["min_p"] == 0.0
+
+
+def test_llama_cpp_method_errors(monkeypatch):
+    import sys
+
+    from specdec.bench import methods
+
+    with pytest.raises(SpecDecError, match="neither a preset .* nor a .gguf file; leave llama-cpp out of --methods"):
+        methods.target_gguf("some/hf-folder")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    with pytest.raises(SpecDecError, match=r"pip install 'specdec\[llama\]'"):
+        methods.load_llama_cpp(methods.Path("x.gguf"), 512, 2, 0)
+    monkeypatch.setattr(methods, "llama_cpp_installed", lambda: False)
+    assert "llama-cpp" in METHODS and "llama-cpp" not in methods.default_methods()
+    monkeypatch.setattr(methods, "llama_cpp_installed", lambda: True)
+    assert methods.default_methods() == METHODS
+    assert "llama-cpp" in bench._methods(None, "qwen2.5-coder-1.5b")  # a preset: its GGUF is packaged
+    assert "llama-cpp" not in bench._methods(None, "some/hf-folder")  # the default leaves it out, no error

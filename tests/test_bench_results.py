@@ -33,10 +33,12 @@ def test_plan_quick_and_full():
     full = results.plan(parse())
     assert [s.kind for s in quick] == ["alpha"] * 3 + ["speed"] * 3 + ["extension", "beam"]
     assert [s.kind for s in full] == ["alpha"] * 3 + ["speed"] * 3 + ["extension", "beam", "beam"]
-    ext = next(s for s in quick if s.kind == "extension")
+    ext = next(s for s in full if s.kind == "extension")
     command = ext.command(results.Path("docs"))
     assert command.startswith("specdec bench ") and "'qwen2.5-coder-0.5b<-prompt-lookup'" in command
-    assert "--gamma-schedules constant,heuristic,adaptive" in command
+    assert "--gamma-schedules constant,heuristic,adaptive,confidence" in command and "--leniences 1,0.5" in command
+    beams = [s.options for s in full if s.kind == "beam"]
+    assert [b["task"] for b in beams] == ["translation", "summarization"] and all(b["widths"] == [3, 5] for b in beams)
     alpha_step = quick[0]
     assert "qwen2.5-coder-0.5b:int8" in alpha_step.argv and "random" in alpha_step.argv
     assert "qwen2.5-coder-0.5b:int8" not in results.plan(parse("--quick", "--no-int8-draft"))[0].argv

@@ -270,3 +270,23 @@ def test_smollm2_round_trip(monkeypatch, tmp_path):
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     completion = tok.decode(out[0, ids["input_ids"].shape[1] :])
     assert "return" in completion or "if" in completion, completion
+
+
+def test_preset_gguf_joins_verifies_and_keeps_the_file(monkeypatch, tmp_path):
+    content = b"0123456789abcdef"
+    preset, chunks = _fake_preset(tmp_path, content, hashlib.sha256(content).hexdigest())
+    monkeypatch.setitem(presets.PRESETS, "fake", preset)
+    monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
+    path = presets.preset_gguf("fake", cache_dir=tmp_path / "cache", progress=False)
+    assert path == tmp_path / "cache" / "gguf" / preset.gguf_name and path.read_bytes() == content
+    monkeypatch.setattr(presets, "_join_and_verify", _must_not_be_called)
+    assert presets.preset_gguf("fake", cache_dir=tmp_path / "cache", progress=False) == path
+
+
+def test_preset_gguf_corrupt_leaves_nothing(monkeypatch, tmp_path):
+    preset, chunks = _fake_preset(tmp_path, b"0123456789abcdef", "0" * 64)
+    monkeypatch.setitem(presets.PRESETS, "fake", preset)
+    monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
+    with pytest.raises(SpecDecError, match="corrupt"):
+        presets.preset_gguf("fake", cache_dir=tmp_path / "cache", progress=False)
+    assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == [".fake.lock"]

@@ -27,7 +27,8 @@ also writes ``bench.json``, ``bench.csv`` and ``bench.md`` there.
     parser = argparse.ArgumentParser(); bench.add_arguments(parser)
     result = bench.run(parser.parse_args(["--n-prompts", "5", "--gammas", "2,4", "--temperatures", "0,1"]))
 
-Methods (see :mod:`specdec.bench.methods`): specdec-plain, specdec-spec, hf-plain, hf-assisted.
+Methods (see :mod:`specdec.bench.methods`): specdec-plain, specdec-spec, hf-plain, hf-assisted, and llama-cpp
+(llama.cpp on the target's GGUF file; by default only when llama-cpp-python is installed).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from specdec.bench import theory
 from specdec.bench.drafts import (
     ModelPool, build_draft, corpus_ids, is_model_spec, needs_corpus, parse_spec, spec_models,
 )
-from specdec.bench.methods import METHODS, Settings, Trial, hf_runner, specdec_runner
+from specdec.bench.methods import (METHODS, Settings, Trial, default_methods, has_gguf, hf_runner, llama_cpp_runner, load_llama_cpp,
+                                   specdec_runner, target_gguf)
 from specdec.bench.metrics import score
 from specdec.bench.prompts import Prompt, load_humaneval, load_jsonl
 from specdec.bench.report import compare, grid_markdown, machine_info, speedups, summarize, table, write_csv
@@ -91,7 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unigram/bigram drafts estimated from 'task' (held-out text of the task), 'prompt' "
                              "(the prompt and generated text), or a text file PATH")
     parser.add_argument("--dtype", default="bf16", help="bf16 (fast on CPU), fp32 or fp16")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma list out of: {', '.join(METHODS)}")
+    parser.add_argument("--quantize", default=None, metavar="METHOD",
+                        help="quantize the TARGET (opt-in: int8 or int8-tensor); every method then runs the quantized "
+                             "target and exactness is with respect to it, not the original")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma list out of: {', '.join(METHODS)} (default: all; llama-cpp only when "
+                             "llama-cpp-python is installed and the target is a preset or a .gguf file)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt")
     parser.add_argument("--warmup", type=int, default=1, help="prompts every configuration runs untimed first")
     parser.add_argument("--prompts-file", default=None,
@@ -102,7 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every generation (sampling only)")
 
 
-def _methods(text: str) -> list[str]:
+def _methods(text: str | None, target: str) -> list[str]:
+    if text is None:  # the default: every method that can run here
+        return [m for m in default_methods() if m != "llama-cpp" or has_gguf(target)]
     names = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in names if m not in METHODS]
     if unknown or not names:
@@ -198,7 +207,7 @@ def build_cells(methods: list[str], grid: Grid, gamma: int) -> list[Cell]:
             out.append(Cell(f"{c.method}[{c.draft},gamma={c.gamma}{extra}]", *_fields(c)))
         return out
 
-    cells = [Cell(m, m) for m in ("specdec-plain", "hf-plain") if m in methods]
+    cells = [Cell(m, m) for m in ("specdec-plain", "hf-plain", "llama-cpp") if m in methods]
     return cells + labelled(spec) + labelled(assisted)
 
 
@@ -228,7 +237,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     models. By default everything is loaded from the names with ``args.dtype``.
     """
     _validate(args)
-    methods = _methods(args.methods)
+    methods = _methods(args.methods, args.target)
     pool = pool if pool is not None else ModelPool(args.dtype)
     draft_override = None
     if isinstance(draft, str):
@@ -239,13 +248,16 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     task = _task(args)
-    target = target if target is not None else pool.get(args.target)
+    target = target if target is not None else pool.get(args.target, args.quantize)
     uses_drafts = "specdec-spec" in methods or "hf-assisted" in methods
     corpus_text, corpus_source = _corpus(args, task)
     ids_corpus = corpus_ids(corpus_text, target) if uses_drafts and needs_corpus(grid.drafts) else None
     drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in grid.drafts} if uses_drafts else {}
     cells = build_cells(methods, grid, args.gamma)
     prompt_ids = [encode_item(target, item) for item in task.items]
+    if "llama-cpp" in methods and pool.llama_cpp is None:
+        n_ctx = max(map(len, prompt_ids), default=0) + args.max_new_tokens + 16
+        pool.llama_cpp = load_llama_cpp(target_gguf(args.target), max(n_ctx, 512), torch.get_num_threads(), args.seed)
 
     # Everything alive now (models, tokenizers, modules) moves out of the collector's reach, so the
     # gc.collect() before each timed call is cheap and no collection of it lands inside a timing.
@@ -279,6 +291,8 @@ def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], p
             runners[cell.label] = specdec_runner(target, drafts[cell.draft], s)
         elif cell.method == "hf-plain":
             runners[cell.label] = hf_runner(target, s)
+        elif cell.method == "llama-cpp":
+            runners[cell.label] = llama_cpp_runner(pool.llama_cpp, set(target.eos_token_ids), s)
         elif cell.draft == "prompt-lookup":
             runners[cell.label] = hf_runner(target, s, prompt_lookup=True)
         else:
@@ -340,6 +354,7 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
             "leniences": grid.leniences,
             "ngram_corpus": corpus_source if needs_corpus(grid.drafts) else None,
             "dtype": dtype,
+            "target_quantize": args.quantize,
             "repeats": args.repeats,
             "warmup": args.warmup,
             "warmup_tokens": min(args.max_new_tokens, WARMUP_TOKENS),

@@ -69,6 +69,7 @@ class ModelPool:
     def __init__(self, dtype: Any = None, models: dict[str, LanguageModel] | None = None):
         self.dtype = dtype
         self.models: dict[str, LanguageModel] = dict(models or {})
+        self.llama_cpp: Any = None  # the llama.cpp peer (a llama_cpp.Llama), loaded when a bench asks for it
 
     def get(self, name: str, quantize: str | None = None) -> LanguageModel:
         import specdec

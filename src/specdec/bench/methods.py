@@ -5,7 +5,11 @@
 - ``hf-plain``: ``transformers`` ``model.generate`` (greedy, or plain sampling at temperature > 0);
 - ``hf-assisted``: ``transformers`` assisted generation with the same draft model and gamma
   (``num_assistant_tokens=gamma``, schedule ``constant``, confidence threshold off), or its prompt
-  lookup when the draft is ``prompt-lookup``.
+  lookup when the draft is ``prompt-lookup``;
+- ``llama-cpp``: llama.cpp (``llama-cpp-python``, the optional extra ``specdec[llama]``) plain decoding of
+  the target's own GGUF file (a preset's packaged Q4_K_M file, or a ``.gguf`` target) with the same
+  prompt token ids and the same thread count. Its weights are the quantized GGUF ones, so its tokens
+  are not expected to equal the float target's; it is a speed peer.
 
 Only the generation call is timed (``time.perf_counter`` around it, under ``torch.inference_mode``);
 tokenization happens once beforehand and every method gets the same prompt token ids.
@@ -17,6 +21,7 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -25,7 +30,18 @@ import specdec
 from specdec.models import LanguageModel
 from specdec.stats import GenerationStats
 
-METHODS = ("specdec-plain", "specdec-spec", "hf-plain", "hf-assisted")
+METHODS = ("specdec-plain", "specdec-spec", "hf-plain", "hf-assisted", "llama-cpp")
+
+
+def llama_cpp_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def default_methods() -> tuple[str, ...]:
+    """Every method, llama-cpp only when llama-cpp-python is installed."""
+    return tuple(m for m in METHODS if m != "llama-cpp" or llama_cpp_installed())
 
 
 @dataclass
@@ -136,53 +152,62 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
     return run
 
 
-def build_runners(methods: Sequence[str], target: LanguageModel, draft: Any, s: Settings) -> tuple[dict[str, Runner], dict[str, str]]:
-    """Runners for the methods that apply, and a note for each method skipped (why)."""
-    runners: dict[str, Runner] = {}
-    skipped: dict[str, str] = {}
-    for method in methods:
-        if method == "specdec-plain":
-            runners[method] = specdec_runner(target, None, s)
-        elif method == "specdec-spec":
-            runners[method] = specdec_runner(target, draft, s)
-        elif method == "hf-plain":
-            runners[method] = hf_runner(target, s)
-        elif method == "hf-assisted":
-            if isinstance(draft, LanguageModel):
-                runners[method] = hf_runner(target, s, assistant=draft.hf_model)
-            elif draft == "prompt-lookup":
-                runners[method] = hf_runner(target, s, prompt_lookup=True)
-            else:
-                skipped[method] = f"transformers has no assisted generation with the {draft!r} drafter"
-        else:
-            raise specdec.SpecDecError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    return runners, skipped
+def has_gguf(target: str) -> bool:
+    """Whether llama.cpp can run ``target`` (a preset name or a .gguf file)."""
+    from specdec.models.presets import PRESETS
+
+    return target in PRESETS or (target.endswith(".gguf") and Path(target).expanduser().is_file())
 
 
-def step_costs(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Sequence[int], gamma: int,
-               repeats: int = 5) -> dict[str, Any]:
-    """Median time of one cached forward pass: target over 1 and gamma + 1 new tokens, draft over 1.
+def target_gguf(target: LanguageModel | str) -> Path:
+    """The GGUF file llama.cpp runs for ``target``: a preset's packaged file, or the ``.gguf`` path itself."""
+    from specdec.models.presets import PRESETS, preset_gguf
 
-    Each timed call recomputes the last k positions of the same sequence on a warm KV cache, which is
-    what a decoding step costs. c_direct = draft(1) / target(1): the paper's cost ratio c.
-    """
-    seq = list(prompt_ids)
+    name = target if isinstance(target, str) else target.name
+    if name in PRESETS:
+        return preset_gguf(name)
+    path = Path(str(name)).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    raise specdec.SpecDecError(
+        f"llama-cpp needs the target as GGUF: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf file; "
+        "leave llama-cpp out of --methods")
 
-    def median_time(model: LanguageModel, k: int) -> float:
-        session, _ = model.start(seq)
-        session.forward(seq, 1)  # prefill
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            session.forward(seq, k)
-            times.append(time.perf_counter() - t0)
-        return sorted(times)[len(times) // 2]
 
-    k = min(gamma + 1, len(seq))
-    result: dict[str, Any] = {"target_k1_s": median_time(target, 1), f"target_k{k}_s": median_time(target, k)}
-    result["verify_cost_ratio"] = result[f"target_k{k}_s"] / result["target_k1_s"]
-    result["verify_tokens"] = k
-    if draft is not None:
-        result["draft_k1_s"] = median_time(draft, 1)
-        result["c_direct"] = result["draft_k1_s"] / result["target_k1_s"]
-    return result
+def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int) -> Any:
+    """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise specdec.SpecDecError(
+            "the llama-cpp method needs llama-cpp-python: pip install 'specdec[llama]' (or "
+            "pip install llama-cpp-python==0.3.36; it builds from source in about 4 minutes)") from None
+    return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                           seed=seed, verbose=False)
+
+
+def llama_cpp_runner(llm: Any, eos_token_ids: set[int], s: Settings) -> Runner:
+    """Plain decoding with llama.cpp's sampler: greedy at temperature 0, else temperature sampling with
+    top-k / top-p / min-p off. Prefix reuse between calls is off (``reset()`` first), so every call pays
+    its prompt like the other methods."""
+    sample = s.temperature > 0
+    options = dict(temp=s.temperature if sample else 0.0, top_k=0 if sample else 1, top_p=1.0, min_p=0.0,
+                   typical_p=1.0, repeat_penalty=1.0)
+
+    def decode(prompt_ids: Sequence[int]) -> list[int]:
+        llm.reset()
+        if sample:
+            llm.set_seed(s.seed)
+        out: list[int] = []
+        for token in llm.generate(list(prompt_ids), reset=True, **options):
+            out.append(int(token))
+            if token in eos_token_ids or len(out) >= s.max_new_tokens:
+                break
+        return out
+
+    def run(prompt_ids: Sequence[int]) -> Trial:
+        tokens, seconds, cpu = _timed(lambda: decode(prompt_ids))
+        return Trial(tokens, seconds, None, cpu)
+
+    return run
+

