@@ -56,6 +56,10 @@ def test_cells_and_labels():
     assert len([c for c in cells if c.method == "specdec-spec"]) == 3 * (2 + 1 + 1)
     one = bench.build_cells(list(bench.METHODS), bench.Grid([0.0], ["m"], [4], ["constant"], [1.0]), gamma=4)
     assert [c.label for c in one] == ["specdec-plain", "hf-plain", "llama-cpp", "specdec-spec", "hf-assisted"]
+    # transformers' assisted generation with its own drafts (e.g. bf16) while specdec runs another (int8)
+    own = bench.build_cells(list(bench.METHODS), bench.Grid([0.0], ["m:int8"], [4, 6], ["constant"], [1.0], ["m"]), gamma=6)
+    assert [(c.method, c.draft, c.gamma) for c in own if c.method == "hf-assisted"] == [("hf-assisted", "m", 6)]
+    assert [(c.draft, c.gamma) for c in own if c.method == "specdec-spec"] == [("m:int8", 4), ("m:int8", 6)]
 
 
 def test_theory_factors_multiply_to_the_ratio():
@@ -141,7 +145,8 @@ def test_bad_grid_options(models):
     target, _ = models
     for argv, match in ((["--gammas", "0,2"], "gammas"), (["--temperatures", "x"], "numbers"),
                         (["--gamma-schedules", "fast"], "schedule"), (["--leniences", "1.5"], "lenience"),
-                        (["--drafts", "prompt-lookup<-bigram"], "last")):
+                        (["--drafts", "prompt-lookup<-bigram"], "last"),
+                        (["--hf-assisted-drafts", "m", "bigram"], "--hf-assisted-drafts takes model names .* got bigram")):
         with pytest.raises(SpecDecError, match=match):
             bench.run(parse(*argv), target=target, progress=False)
     with pytest.raises(SpecDecError, match="not both"):

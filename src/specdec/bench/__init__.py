@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None,
                         help=f"comma list out of: {', '.join(METHODS)} (default: all; llama-cpp only when "
                              "llama-cpp-python is installed and the target is a preset or a .gguf file)")
+    parser.add_argument("--hf-assisted-drafts", nargs="+", default=None, metavar="SPEC",
+                        help="drafts for transformers' assisted generation (default: the model drafts of --drafts), "
+                             "e.g. its usual bf16 assistant while specdec runs an int8 one")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt")
     parser.add_argument("--warmup", type=int, default=1, help="prompts every configuration runs untimed first")
     parser.add_argument("--prompts-file", default=None,
@@ -148,6 +151,7 @@ class Grid:
     gammas: list[int]
     schedules: list[str]
     leniences: list[float]
+    assisted: list[str] | None = None  # drafts of transformers' assisted generation (None: the grid's own)
 
 
 def _grid(args: argparse.Namespace, draft_override: str | None) -> Grid:
@@ -167,7 +171,14 @@ def _grid(args: argparse.Namespace, draft_override: str | None) -> Grid:
     drafts = [draft_override] if draft_override else list(args.drafts or [args.draft])
     for spec in drafts:
         parse_spec(spec)
-    return Grid(temperatures, list(dict.fromkeys(drafts)), gammas, list(dict.fromkeys(schedules)), leniences)
+    assisted = None
+    if getattr(args, "hf_assisted_drafts", None):
+        assisted = list(dict.fromkeys(args.hf_assisted_drafts))
+        bad = [a for a in assisted if not (a == "prompt-lookup" or is_model_spec(a))]
+        if bad:
+            raise SpecDecError(f"--hf-assisted-drafts takes model names (NAME or NAME:int8) or prompt-lookup, got "
+                               f"{', '.join(bad)}: transformers has no assisted generation with those")
+    return Grid(temperatures, list(dict.fromkeys(drafts)), gammas, list(dict.fromkeys(schedules)), leniences, assisted)
 
 
 @dataclass(frozen=True)
@@ -195,8 +206,10 @@ def build_cells(methods: list[str], grid: Grid, gamma: int) -> list[Cell]:
             for l in grid.leniences:
                 if l < 1.0:
                     spec.append(Cell("", "specdec-spec", draft, gamma, "constant", l))
-        if "hf-assisted" in methods and (is_model_spec(draft) or draft == "prompt-lookup"):
+        if "hf-assisted" in methods and grid.assisted is None and (is_model_spec(draft) or draft == "prompt-lookup"):
             assisted.append(Cell("", "hf-assisted", draft, gamma))
+    if "hf-assisted" in methods and grid.assisted is not None:
+        assisted = [Cell("", "hf-assisted", draft, gamma) for draft in grid.assisted]
 
     def labelled(cells: list[Cell]) -> list[Cell]:
         if len(cells) == 1:
@@ -318,7 +331,7 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
                                                          temperature, bar, load_before is not None)
     bar.close()
     skipped = {}
-    if "hf-assisted" in methods:
+    if "hf-assisted" in methods and grid.assisted is None:
         for spec in grid.drafts:
             if not (is_model_spec(spec) or spec == "prompt-lookup"):
                 skipped[f"hf-assisted[{spec}]"] = f"transformers has no assisted generation with the {spec!r} draft"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,16 +175,37 @@ def target_gguf(target: LanguageModel | str) -> Path:
         "leave llama-cpp out of --methods")
 
 
-def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int) -> Any:
-    """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt)."""
+def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffers: bool | None = None) -> Any:
+    """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt).
+
+    extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts). On the 2-core machine
+    this project is measured on, llama-cpp-python 0.3.36 built natively crashed (SIGSEGV in
+    ``ggml_backend_amx_mul_mat``) on its first forward pass with them, so they are off unless this is True
+    or the environment sets ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``.
+    """
     try:
         import llama_cpp
+        from llama_cpp import llama_cpp as low_level  # where Llama() reads its default model parameters
     except ImportError:
         raise specdec.SpecDecError(
             "the llama-cpp method needs llama-cpp-python: pip install 'specdec[llama]' (or "
             "pip install llama-cpp-python==0.3.36; it builds from source in about 4 minutes)") from None
-    return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                           seed=seed, verbose=False)
+    if extra_buffers is None:
+        extra_buffers = os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS", "0") == "1"
+    defaults = low_level.llama_model_default_params
+
+    def model_params() -> Any:
+        params = defaults()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = extra_buffers
+        return params
+
+    low_level.llama_model_default_params = model_params
+    try:
+        return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                               seed=seed, verbose=False)
+    finally:
+        low_level.llama_model_default_params = defaults
 
 
 def llama_cpp_runner(llm: Any, eos_token_ids: set[int], s: Settings) -> Runner:
