@@ -58,8 +58,9 @@ def test_generate_on_tiny_models(tmp_path, task_file):
     quantize_model(draft_int8, "int8")
     pool = ModelPool("fp32", {"tiny-draft": draft, "tiny-draft:int8": draft_int8})
     out = tmp_path / "docs"
-    args = parse("--quick", "--out", str(out), "--target", "tiny", "--draft", "tiny-draft", "--dtype", "fp32",
-                 "--tasks", f"jsonl:{task_file}", "--n-prompts", "2", "--max-new-tokens", "6")
+    args_list = ["--quick", "--out", str(out), "--target", "tiny", "--draft", "tiny-draft", "--dtype", "fp32",
+                 "--tasks", f"jsonl:{task_file}", "--n-prompts", "2", "--max-new-tokens", "6"]
+    args = parse(*args_list)
     result = results.generate(args, pool=pool, target=target, progress=False)
 
     text = (out / "RESULTS.md").read_text()
@@ -84,3 +85,23 @@ def test_generate_on_tiny_models(tmp_path, task_file):
         exact = [r for r in beam["rows"] if r["mode"] == "exact"]
         assert exact and all(r.get("identical_to_plain_beam") == "2/2" for r in exact), beam["rows"]
         assert "| beams w | mode |" in text
+
+    # --resume: every step's output is there with the same settings, so nothing is measured again
+    def must_not_run(*a, **k):
+        raise AssertionError("a step ran again under --resume")
+
+    import specdec.bench as bench_module
+    from specdec.bench import alpha as alpha_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(alpha_module, "run", must_not_run)
+        mp.setattr(bench_module, "run", must_not_run)
+        mp.setattr(results, "run_beam", must_not_run)
+        again = results.generate(parse(*args_list, "--resume"), pool=pool, target=target, progress=False)
+    assert len(again["summary"]["reused"]) == len(result["steps"]) and "ran with `--resume`" in again["markdown"]
+    assert "specdec results --quick" in again["markdown"] and "--resume`" not in again["markdown"].split("\n")[2]
+    # a step whose recorded settings differ is measured again
+    step = results.plan(parse(*args_list))[0]
+    assert results._previous(step, out) is not None
+    step.argv.append("--seed-changed")
+    assert results._previous(step, out) is None

@@ -74,7 +74,7 @@ FULL: dict[str, Any] = {
     },
     "extension": {"n_prompts": 3, "max_new_tokens": 48, "gammas": "2,4,6",
                   "schedules": "constant,heuristic,adaptive,confidence",
-                  "drafts": ["{d}", "{d}<-prompt-lookup"], "leniences": "1,0.5"},
+                  "drafts": ["{d}", "{d}<-prompt-lookup", "{d}<-{d}:int8"], "leniences": "1,0.5"},
     "beam": {"tasks": ["translation", "summarization"], "n_prompts": 2, "max_new_tokens": 32, "widths": [3, 5]},
 }
 PARTS = ("alpha", "speed", "extension", "beam")
@@ -87,6 +87,16 @@ class Step:
     title: str
     argv: list[str] = field(default_factory=list)  # alpha / bench: arguments after the subcommand
     options: dict[str, Any] = field(default_factory=dict)  # beam
+
+    def record(self) -> dict[str, Any]:
+        """What identifies the step's measurement (stored with its output; --resume compares it)."""
+        return {"kind": self.kind, "argv": list(self.argv), "options": dict(self.options)}
+
+    def output(self, out: Path) -> Path:
+        """The JSON file the step writes."""
+        if self.kind in ("speed", "extension"):
+            return out / "results" / self.name / "bench.json"
+        return out / "results" / f"{self.name}.json"
 
     def command(self, out: Path) -> str:
         if self.kind == "beam":
@@ -110,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-int8-draft", action="store_true", help="leave the int8-quantized draft out")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse every step whose output is already in DIR/results (from an interrupted or earlier "
+                             "run with the same plan); a step whose recorded settings differ is measured again")
     parser.add_argument("--dry-run", action="store_true", help="print the plan's commands and stop")
 
 
@@ -325,7 +338,7 @@ def _command(args: argparse.Namespace) -> str:
     defaults = parser.parse_args([])
     parts = ["specdec results"]
     for action in parser._actions:
-        if not action.option_strings or action.dest in ("help", "dry_run"):
+        if not action.option_strings or action.dest in ("help", "dry_run", "resume"):
             continue
         value = getattr(args, action.dest, None)
         if value == getattr(defaults, action.dest):
@@ -354,20 +367,31 @@ def generate(args: argparse.Namespace, *, pool: ModelPool | None = None, target:
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     target = target if target is not None else pool.get(args.target)
     done: list[tuple[Step, dict[str, Any]]] = []
+    reused: list[str] = []
     for index, step in enumerate(steps, 1):
+        previous = _previous(step, out) if getattr(args, "resume", False) else None
+        if previous is not None:
+            if progress:
+                print(f"[{index}/{len(steps)}] {step.title}: reusing {step.output(out)}", file=sys.stderr, flush=True)
+            done.append((step, previous))
+            reused.append(step.name)
+            continue
         if progress:
             print(f"[{index}/{len(steps)}] {step.title}: {step.command(out)}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         if step.kind == "alpha":
             document = alpha_module.run(_parse(alpha_module, step.argv), target=target, pool=pool, progress=progress)
-            (out / "results" / f"{step.name}.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         elif step.kind in ("speed", "extension"):
             document = bench.run(_parse(bench, step.argv), target=target, pool=pool, progress=progress)
-            bench.write_outputs(document, out / "results" / step.name)
         else:
             document = run_beam(step, target, pool, progress)
-            (out / "results" / f"{step.name}.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         document["step_seconds"] = time.perf_counter() - t0
+        document["results_step"] = step.record()
+        document["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        if step.kind in ("speed", "extension"):
+            bench.write_outputs(document, step.output(out).parent)
+        else:
+            step.output(out).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         done.append((step, document))
     figures = plot.write_all(out / "figures", [doc for step, doc in done if step.kind == "speed"])
     for step, doc in done:
@@ -381,11 +405,26 @@ def generate(args: argparse.Namespace, *, pool: ModelPool | None = None, target:
                     "load_average_after": os.getloadavg()[0] if load_before is not None else None},
         "target": target.name,
         "draft": args.draft,
+        "reused": reused,
     }
     text = results_markdown(summary, done, figures, out)
     (out / "RESULTS.md").write_text(text, encoding="utf-8")
     return {"summary": summary, "steps": [(s.name, d) for s, d in done], "figures": [str(f) for f in figures],
             "markdown": text}
+
+
+def _previous(step: Step, out: Path) -> dict[str, Any] | None:
+    """The step's output from an earlier run, when it exists and was made with the same settings (outputs
+    written before settings were recorded are taken as they are)."""
+    path = step.output(out)
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+    recorded = document.get("results_step")
+    return document if recorded is None or recorded == json.loads(json.dumps(step.record())) else None
 
 
 def _theorem8_checks(done: list[tuple[Step, dict[str, Any]]]) -> tuple[int, int, list[str]]:
@@ -414,6 +453,9 @@ def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, A
         "step (JSON, CSV, markdown): `results/`. Each step also names the `specdec alpha` / `specdec bench` "
         "command that measures the same thing on its own.",
         "",
+        *([f"The command ran with `--resume`: steps {', '.join(summary['reused'])} were reused from an earlier run of "
+           "the same plan on the same machine (their outputs in `results/`); the minutes above count the rest.", ""]
+          if summary.get("reused") else []),
         "## Machine",
         "",
         "| CPU | cores | torch threads | torch | transformers | python | dtype | date (UTC) | load average before / after |",
