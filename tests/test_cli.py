@@ -1,5 +1,6 @@
 """The specdec command, run in-process on a tiny model saved to a local folder."""
 
+import argparse
 import json
 
 import pytest
@@ -112,3 +113,15 @@ def test_presets_lists_every_preset(capsys):
     assert code == 0
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"):
         assert name in out
+
+
+def test_default_gamma_follows_the_draft():
+    def args(*argv):
+        return argparse.Namespace(draft=list(argv) or None, draft_quantize="int8", num_beams=None)
+
+    assert cli._default_gamma(args()) == cli.DEFAULT_GAMMA_INT8_DRAFT == 6  # the default int8 model draft
+    assert cli._default_gamma(args("prompt-lookup")) is None  # the library default, 4
+    assert cli._default_gamma(args("a", "prompt-lookup")) is None  # a hierarchy
+    none = args("some/model")
+    none.draft_quantize = "none"
+    assert cli._default_gamma(none) is None
