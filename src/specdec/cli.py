@@ -39,8 +39,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                    help="quantize a model draft: int8 (default: per-channel dynamic int8, measured 2.2x plain decoding "
                         "against 1.5x for a bf16 draft, see README), int8-tensor, or none; never changes the output")
     p.add_argument("--quantize", default=None, metavar="METHOD",
-                   help="quantize the TARGET (opt-in): the output is then exact for the quantized target, "
-                        "not the original model")
+                   help="quantize the TARGET (opt-in, labelled): a different model from the original; with a draft the "
+                        "output is NOT exact even for the quantized model (dynamic int8 logits depend on how many "
+                        "tokens a pass covers; measured 1/20 greedy outputs equal), so it is a speed option only")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft tokens per target call (default {DEFAULT_GAMMA_INT8_DRAFT} with one int8 model draft, "
                         "the default; else 4)")

@@ -228,6 +228,16 @@ def generate(
     stats.new_tokens = len(token_ids)
     stats.time_total = time.perf_counter() - t_start
     stats.exact = config.exact
+    if not config.exact:
+        stats.not_exact_reason = f"lenience {config.lenience:g} < 1: the output does not follow the target's distribution"
+    if drafter is not None and getattr(target, "quantization", None):
+        # Dynamic int8 quantizes activations with one scale per forward pass, so the quantized target's
+        # logits for a token depend on how many tokens share that pass (1 in plain decoding, gamma + 1 in
+        # verification). Measured: 1 of 20 greedy outputs equal to its own plain decoding.
+        stats.exact = False
+        stats.not_exact_reason = (f"the target is dynamically quantized ({target.quantization}): its logits depend on "
+                                  "how many tokens a forward pass covers, so verification is not token-identical to "
+                                  "its own plain decoding")
     if hasattr(drafter, "level_stats"):
         stats.levels = drafter.level_stats()
     text = stop_text if stop_text is not None else target.decode(token_ids)

@@ -37,7 +37,8 @@ class GenerationStats:
     time_total: float = 0.0
     seed: int | None = None
     stop_reason: str = ""
-    exact: bool = True  # False when lenience < 1: the output is not the target's distribution
+    exact: bool = True  # False when lenience < 1, or a dynamically quantized target verifies drafts
+    not_exact_reason: str | None = None
     levels: list[dict[str, Any]] = field(default_factory=list)  # hierarchical drafting: one entry per draft level
 
     def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
@@ -99,6 +100,7 @@ class GenerationStats:
             "seed": self.seed,
             "stop_reason": self.stop_reason,
             "exact": self.exact,
+            "not_exact_reason": self.not_exact_reason,
             "levels": self.levels,
         }
 
@@ -122,5 +124,6 @@ class GenerationStats:
                 f"time verify {level['time_target_s']:.2f} s, inner draft {level['time_draft_s']:.2f} s"
             )
         if not self.exact:
-            lines.append("NOT EXACT: lenience < 1, the output does not follow the target's distribution")
+            lines.append("NOT EXACT: " + (self.not_exact_reason or "lenience < 1, the output does not follow the "
+                                          "target's distribution"))
         return "\n".join(lines)

@@ -194,7 +194,7 @@ def table(result: dict[str, Any]) -> str:
         f"{cfg['n_prompts']} prompts x {cfg['repeats']} repeat(s), {cfg['max_new_tokens']} max new tokens, "
         f"gamma {cfg['gamma']}, temperature {cfg['temperature']}, {cfg['dtype']}, "
         f"{result['machine']['torch_threads']} torch threads; target {cfg['target']}"
-        + (f" quantized {cfg['target_quantize']} (opt-in: exact for the quantized target)" if cfg.get("target_quantize") else "")
+        + (f" quantized {cfg['target_quantize']} (opt-in; with a draft NOT exact even for the quantized model: see README)" if cfg.get("target_quantize") else "")
         + f", draft {cfg['draft']}",
     ]
     notes.append("CPU utilization (process CPU s / wall s; about " + str(result["machine"]["torch_threads"])

@@ -1,8 +1,12 @@
 """Cheaper models for CPU: dynamic int8 quantization of the linear layers.
 
 A quantized DRAFT never changes specdec's output (only alpha and speed: the draft is any q). A
-quantized TARGET is a different model: the output is then exact with respect to the quantized target,
-not the original one, and specdec labels it so (``LanguageModel.quantization``).
+quantized TARGET is a different model, and not even a fixed one: dynamic int8 computes its activation
+scales over all tokens of a forward pass, so a position's logits change with how many tokens share the
+pass (1 in plain decoding, gamma + 1 in verification). Speculative decoding with a quantized target is
+therefore not token-identical to the quantized target's own plain decoding (measured on the Qwen pair:
+1 of 20 greedy outputs equal); specdec marks such runs ``stats.exact = False`` with the reason. A
+per-token activation scale would make it block-invariant; torch's dynamic kernels do not offer one.
 
 torch's dynamic int8 (fbgemm kernels, int8 weights, fp32 activations quantized on the fly) was the
 fastest path measured on these 2-core CPUs (MODELS.md, "Faster drafts"): it keeps a step memory-bound
