@@ -489,7 +489,10 @@ def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, A
         "",
         f"Target {summary['target']}, draft {summary['draft']}. Timings are wall-clock on a shared 2-core machine: a "
         "1-minute load average well above the torch thread count, or a CPU utilization well below it in the "
-        "tables, means other work shared the CPU during the run.",
+        "tables, means other work shared the CPU during the run."
+        + (" With reused steps, the date and load average in this table are from when this file was written; each "
+           "step's own measurement date is in its raw JSON (`machine`), and each speed table prints its load average."
+           if summary.get("reused") else ""),
     ]
     within, total, checks = _theorem8_checks(done)
     lines += ["", "## Summary", ""]
