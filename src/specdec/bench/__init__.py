@@ -95,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bf16", help="bf16 (fast on CPU), fp32 or fp16")
     parser.add_argument("--quantize", default=None, metavar="METHOD",
                         help="quantize the TARGET (opt-in: int8 or int8-tensor); every method then runs the quantized "
-                             "target and exactness is with respect to it, not the original")
+                             "target, and with a draft the output is not exact even for it (dynamic int8 logits "
+                             "depend on how many tokens a pass covers)")
     parser.add_argument("--methods", default=None,
                         help=f"comma list out of: {', '.join(METHODS)} (default: all; llama-cpp only when "
                              "llama-cpp-python is installed and the target is a preset or a .gguf file)")

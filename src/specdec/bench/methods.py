@@ -164,15 +164,12 @@ def target_gguf(target: LanguageModel | str) -> Path:
     """The GGUF file llama.cpp runs for ``target``: a preset's packaged file, or the ``.gguf`` path itself."""
     from specdec.models.presets import PRESETS, preset_gguf
 
-    name = target if isinstance(target, str) else target.name
-    if name in PRESETS:
-        return preset_gguf(name)
-    path = Path(str(name)).expanduser()
-    if path.suffix == ".gguf" and path.is_file():
-        return path
-    raise specdec.SpecDecError(
-        f"llama-cpp needs the target as GGUF: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf file; "
-        "leave llama-cpp out of --methods")
+    name = str(target if isinstance(target, str) else target.name)
+    if not has_gguf(name):
+        raise specdec.SpecDecError(
+            f"llama-cpp needs the target as GGUF: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf "
+            "file; leave llama-cpp out of --methods")
+    return preset_gguf(name) if name in PRESETS else Path(name).expanduser()
 
 
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffers: bool | None = None) -> Any:
