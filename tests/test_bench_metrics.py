@@ -40,3 +40,27 @@ def test_score_dispatch_and_errors():
         score(("bleu",), REF, [REF[0], None])
     with pytest.raises(SpecDecError):
         bleu(REF, REF[:1])
+
+
+HAS_CLOSE_ELEMENTS = """\
+    for i in range(len(numbers)):
+        for j in range(i + 1, len(numbers)):
+            if abs(numbers[i] - numbers[j]) < threshold:
+                return True
+    return False
+"""
+
+
+def test_humaneval_results_run_the_problems_tests():
+    from specdec.bench.metrics import humaneval_results
+
+    results = humaneval_results({
+        "HumanEval/0": HAS_CLOSE_ELEMENTS,  # a correct body
+        "HumanEval/2": "    return number\n",  # truncate_number: wrong (must return the decimal part)
+        "HumanEval/4": "    while True:\n        pass\n",  # never returns
+    }, timeout=1.0)
+    assert results["HumanEval/0"] == "passed"
+    assert results["HumanEval/2"].startswith("failed")
+    assert results["HumanEval/4"] == "timed out"
+    with pytest.raises(SpecDecError, match="not HumanEval task ids: HumanEval/999"):
+        humaneval_results({"HumanEval/999": "pass"})

@@ -56,3 +56,25 @@ def test_rows_are_independent():
 def test_invalid_settings(kwargs, message):
     with pytest.raises(SpecDecError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_sample_follows_the_distribution_and_never_draws_zero_probability_tokens():
+    from specdec.sampling import sample
+    from stats_util import chi_square_pvalue
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0],  # zeros at both ends and inside
+                          [0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.9]])
+    generator = torch.Generator().manual_seed(0)
+    n = 20000
+    draws = sample(probs.expand(n, -1, -1), generator)  # [n, 2]
+    assert draws.shape == (n, 2)
+    for row in range(2):
+        counts = torch.bincount(draws[:, row], minlength=7)
+        assert counts[probs[row] == 0].sum() == 0
+        assert chi_square_pvalue(counts.numpy(), probs[row].numpy()) > 1e-3
+    # Unnormalized rows are scaled, and a real vocabulary's width works: mass on 3 of 151,936 ids.
+    wide = torch.zeros(151936)
+    wide[[7, 70000, 151935]] = torch.tensor([2.0, 1.0, 1.0])
+    counts = torch.bincount(torch.stack([sample(wide, generator) for _ in range(4000)]), minlength=151936)
+    assert set(counts.nonzero().flatten().tolist()) == {7, 70000, 151935}
+    assert chi_square_pvalue(counts[[7, 70000, 151935]].numpy(), [0.5, 0.25, 0.25]) > 1e-3

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.sampling import sample
+
 # Below this mass the residual max(0, p - q) is numerically zero: p and q agree on that row, so a
 # rejection had probability ~0 and p itself is the correct distribution to sample from.
 RESIDUAL_EPS = 1e-9
@@ -87,7 +89,7 @@ def speculative_sampling(
         final_dist = residual_distribution(p[n], None if q is None else q[n], draft_tokens[n], lenience)
     else:
         final_dist = p[gamma]  # bonus token
-    t = torch.multinomial(final_dist, 1, generator=generator)  # [1]
+    t = sample(final_dist, generator).reshape(1)  # [1]
     return torch.cat([draft_tokens[:n], t]), n
 
 

@@ -53,7 +53,7 @@ from specdec.acceptance import speculative_sampling
 from specdec.drafters.model import fit_width
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, check_same_vocabulary
-from specdec.sampling import SamplingParams, standardize
+from specdec.sampling import SamplingParams, sample, standardize
 
 MODES = ("exact", "report")
 _NEG = -1.0e9  # transformers' "never choose this" score offset, reproduced bit for bit
@@ -693,7 +693,7 @@ def _sample_chains(kind, model, drafter, dkv, seq, k, g, vocab, generator, stats
             dkv, logits = dkv.forward(chains, 1)
             stats["draft_calls"] += 1
             q = standardize(fit_width(logits[:, -1].float(), vocab), SamplingParams(temperature=1.0))  # [k, V]
-            x = torch.multinomial(q, 1, generator=generator)  # [k, 1]
+            x = sample(q, generator).unsqueeze(-1)  # [k, 1]
             chains = torch.cat([chains, x], dim=1)
             qs.append(q)
         return chains, torch.stack(qs, dim=1), dkv

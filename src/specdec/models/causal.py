@@ -10,6 +10,8 @@ Gemma 3's sliding-window layers included).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from typing import Any, Sequence
 
 import torch
@@ -95,6 +97,12 @@ class LanguageModel:
         if hasattr(head, "out_features"):  # nn.Linear, and dynamically quantized Linear
             return int(head.out_features)
         return int(head.weight.shape[0])
+
+    @functools.cached_property
+    def vocabulary_fingerprint(self) -> str:
+        """A hash of the tokenizer's token -> id table, computed on first use and kept (tokenizers don't change)."""
+        table = sorted(self.tokenizer.get_vocab().items())  # [(token, id)]
+        return hashlib.sha256(repr(table).encode("utf-8")).hexdigest()
 
     @property
     def dtype(self) -> torch.dtype:

