@@ -177,8 +177,10 @@ def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffer
 
     extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts). On the 2-core machine
     this project is measured on, llama-cpp-python 0.3.36 built natively crashed (SIGSEGV in
-    ``ggml_backend_amx_mul_mat``) on its first forward pass with them, so they are off unless this is True
-    or the environment sets ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``.
+    ``ggml_backend_amx_mul_mat``) on its first forward pass with them. Built without AMX (see
+    docs/BENCHMARKING.md) they ran, but were not faster (9.50 vs 9.76 tokens/s, 20 HumanEval prompts) and
+    changed the greedy output. So they are off unless this is True or the environment sets
+    ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``.
     """
     try:
         import llama_cpp
