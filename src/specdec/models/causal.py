@@ -5,7 +5,8 @@ one sequence's KV cache. Rollback is position bookkeeping: the session remembers
 cache holds, and :meth:`KVSession.forward` crops the cache back to the longest common prefix with
 the sequence it is asked about before feeding the rest. No prefix is ever recomputed, and no model
 needs its own slicing code: the cache's ``crop`` does it for every architecture (Qwen2, Llama,
-Gemma 3's sliding-window layers included).
+Gemma 3's sliding-window layers included). The cache is preallocated (:mod:`specdec.models.kv_cache`):
+each forward pass writes its keys and values in place, and a crop only moves a length.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import hashlib
 from typing import Any, Sequence
 
 import torch
-from transformers import DynamicCache
 
 from specdec.errors import SpecDecError
+from specdec.models.kv_cache import preallocated_cache
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -36,13 +37,11 @@ class KVSession:
     def __init__(self, model: "LanguageModel"):
         self.model = model
         self.cache = self._new_cache()
-        # Sliding-window layers (Gemma 3) keep their past until crop(), so a rollback can reach it.
-        self.cache.activate_past_recording()
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache, in order
         self.forward_passes = 0
 
     def _new_cache(self):
-        return DynamicCache(config=self.model.hf_model.config)
+        return preallocated_cache(self.model.hf_model.config)
 
     def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
         """One forward pass over the new tokens [1, m] with the cache; returns logits [1, >= n_logits, V]."""

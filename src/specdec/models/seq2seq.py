@@ -15,6 +15,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 
 from specdec.errors import SpecDecError
 from specdec.models.causal import KVSession, LanguageModel
+from specdec.models.kv_cache import preallocated_cache
 
 
 class Seq2SeqSession(KVSession):
@@ -26,7 +27,8 @@ class Seq2SeqSession(KVSession):
 
     def _new_cache(self):
         config = self.model.hf_model.config
-        return EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+        # Self-attention: written in place and rolled back; cross-attention: filled once, never cropped.
+        return EncoderDecoderCache(preallocated_cache(config), DynamicCache(config=config))
 
     def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
         return self.model.hf_model(
