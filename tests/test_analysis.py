@@ -7,7 +7,7 @@ import torch
 
 from specdec.analysis import (
     alpha_from_distributions, expected_tokens, lk_divergence, min_improvement, operations_factor,
-    optimal_gamma, oracle_expected_tokens, walltime_improvement,
+    optimal_gamma, oracle_expected_tokens, speculation_pays, walltime_improvement,
 )
 
 # Paper Table 1 (c = c_hat = 0): alpha, gamma, operations, speed (two decimals in the paper).
@@ -96,3 +96,22 @@ def test_invalid_arguments():
         expected_tokens(0.5, -1)
     with pytest.raises(ValueError, match="c must be >= 0"):
         walltime_improvement(0.5, 2, -0.1)
+
+
+def test_verification_cost_adds_to_c():
+    """A pass over gamma + 1 tokens costing 1 + s gamma steps: Theorem 8's denominator is 1 + gamma (c + s)."""
+    assert walltime_improvement(0.8, 5, 0.1, s=0.2) == pytest.approx((1 - 0.8**6) / (0.2 * (1 + 5 * 0.3)))
+    assert walltime_improvement(0.8, 5, 0.1, s=0.0) == walltime_improvement(0.8, 5, 0.1)
+    for alpha, c, s in ((0.9, 0.2, 0.02), (0.9, 0.2, 0.3), (0.6, 0.1, 0.4)):
+        assert optimal_gamma(alpha, c, 20, s=s) == optimal_gamma(alpha, c + s, 20)
+    with pytest.raises(ValueError, match="s must be >= 0"):
+        walltime_improvement(0.8, 2, 0.1, s=-0.1)
+
+
+def test_speculation_pays_exactly_when_some_gamma_wins():
+    for alpha in (0.0, 0.3, 0.5, 0.7, 0.9, 0.99):
+        for c in (0.0, 0.1, 0.2, 0.5):
+            for s in (0.0, 0.05, 0.3, 0.8):
+                wins = max(walltime_improvement(alpha, g, c, s) for g in range(1, 60)) > 1.0 + 1e-12
+                assert speculation_pays(alpha, c, s) == wins, (alpha, c, s)
+    assert min_improvement(0.9, 0.1, 0.3) == pytest.approx(1.9 / 1.4)

@@ -23,13 +23,68 @@ def test_heuristic_rule():
     assert trace == [6, 7, 7, 6, 5, 4, 3, 2, 1, 1, 3]
 
 
-def test_adaptive_follows_theorem_8():
+def feed(schedule, drafted, betas, t_draft_per_token, t_pass):
+    """One step's feedback: ``drafted`` tokens, a target pass over drafted + 1 tokens taking t_pass(k) s."""
+    k = drafted + 1
+    schedule.update(StepFeedback(drafted, 0, betas, t_draft_per_token * drafted, t_pass(k), target_tokens=k))
+
+
+def test_adaptive_learns_a_second_pass_size_then_follows_theorem_8():
     s = AdaptiveSchedule(gamma=4, max_gamma=16, decay=0.0)  # decay 0: the last step only
-    s.update(StepFeedback(4, 4, [0.9] * 4, time_draft=0.4, time_target=1.0))  # c = 0.1 per token
-    assert s.alpha == pytest.approx(0.9) and s.c == pytest.approx(0.1)
-    assert s.next_gamma() == optimal_gamma(0.9, 0.1, 16)
-    s.update(StepFeedback(4, 0, [0.2], time_draft=0.4, time_target=1.0))
+    free = lambda k: 1.0  # noqa: E731  verification as the paper assumes: k tokens cost one step (s = 0)
+    feed(s, 4, [0.9] * 4, 5.0, free)  # the first step: the draft also read the prompt (not timed)
+    feed(s, 4, [0.9] * 4, 0.1, free)
+    assert s.next_gamma() == 1 and s.c is None  # one pass size timed: try 1 token to learn the slope
+    feed(s, 1, [0.9], 0.1, free)
+    assert s.alpha == pytest.approx(0.9) and s.c == pytest.approx(0.1) and s.s == pytest.approx(0.0)
+    assert s.next_gamma() == optimal_gamma(0.9, 0.1, 16) == 10  # Theorem 8: 3.431 at 10, 3.428 at 9
+    feed(s, 9, [0.2], 0.1, free)
     assert s.next_gamma() == optimal_gamma(0.2, 0.1, 16) == 1
+
+
+def test_adaptive_counts_the_verification_cost():
+    """A pass over k tokens costing 1 + 0.3 (k - 1) steps: gamma maximises Theorem 8 with s = 0.3."""
+    s = AdaptiveSchedule(gamma=4, max_gamma=16, decay=0.0)
+    linear = lambda k: 0.2 * (1 + 0.3 * (k - 1))  # noqa: E731  T1 = 0.2 s
+    for drafted in (4, 4, 1, 2):
+        feed(s, drafted, [0.9] * drafted, 0.02, linear)
+    assert s.s == pytest.approx(0.3) and s.c == pytest.approx(0.1)
+    assert s.next_gamma() == optimal_gamma(0.9, 0.1, 16, s=0.3) == optimal_gamma(0.9, 0.4, 16) == 4  # 1.575 vs 1.563 at 3 and 5
+    assert optimal_gamma(0.9, 0.1, 16) == 10  # the paper's s = 0 would draft much further
+
+
+def test_adaptive_decodes_plainly_when_speculation_cannot_pay_and_probes():
+    """alpha 0.7 <= c + s = 0.1 + 0.8: no gamma beats plain decoding (measured on an AVX2 CPU in bf16)."""
+    s = AdaptiveSchedule(gamma=4, max_gamma=8, decay=0.0, probe_every=4)
+    steep = lambda k: 0.2 * (1 + 0.8 * (k - 1))  # noqa: E731
+    feed(s, 4, [0.7] * 4, 0.02, steep)
+    feed(s, 4, [0.7] * 4, 0.02, steep)
+    feed(s, 1, [0.7], 0.02, steep)
+    trace = [s.next_gamma()]
+    for _ in range(8):
+        g = s.next_gamma()
+        feed(s, g, [0.7] * g, 0.02, steep)
+        trace.append(s.next_gamma())
+    assert trace == [0, 0, 0, 1, 0, 0, 0, 1, 0]  # plain steps, one drafted token every 4th step
+    assert s.c == pytest.approx(0.1)
+    feed(s, 0, [], 0.0, steep)  # a plain step, then a probe: the draft caught up first (not timed)
+    feed(s, 1, [0.7], 3.0, steep)
+    assert s.c == pytest.approx(0.1)
+    for g in (4, 1, 0):  # verification became free at every pass size timed: speculate again
+        feed(s, g, [0.99] * g, 0.02, lambda k: 0.2)
+    assert s.next_gamma() == optimal_gamma(0.99, 0.1, 8) == 8
+
+
+def test_steps_without_drafts_keep_greedy_exact(monkeypatch):
+    """Plain steps inside a speculative run (gamma 0): the model draft's cache catches up afterwards."""
+    target = load_tiny(eos=None)
+    plain = specdec.generate(target, PROMPT, max_new_tokens=40)
+    pattern = iter([0, 3, 0, 0, 2, 0, 4, 1] * 10)
+    monkeypatch.setattr(AdaptiveSchedule, "next_gamma", lambda self: next(pattern))
+    out = specdec.generate(target, PROMPT, draft=perturbed(target, 0.05), gamma=3, gamma_schedule="adaptive",
+                           max_new_tokens=40)
+    assert out.token_ids == plain.token_ids
+    assert 0 < out.stats.drafted < 40 and out.stats.target_calls > 40 / 5
 
 
 def test_adaptive_estimates_alpha_with_an_exponential_average():
@@ -86,3 +141,19 @@ def test_invalid_schedule_options():
     with pytest.raises(specdec.SpecDecError, match="confidence must be in \\(0, 1\\)"):
         specdec.generate(target, PROMPT, draft="bigram", confidence=1.5)
     assert make_schedule("constant", 5, 12).next_gamma() == 5
+
+
+def test_stats_report_the_schedule():
+    target = load_tiny(eos=None)
+    out = specdec.generate(target, PROMPT, draft=perturbed(target, 0.05), gamma=3, gamma_schedule="adaptive",
+                           max_new_tokens=30)
+    report = out.stats.to_dict()["schedule"]
+    assert report["name"] == "adaptive" and set(report) == {"name", "gamma", "alpha", "c", "s", "plain_steps", "pays"}
+    assert specdec.generate(target, PROMPT, draft="bigram", gamma=2, max_new_tokens=5).stats.schedule == {
+        "name": "constant", "gamma": 2}
+    assert specdec.generate(target, PROMPT, max_new_tokens=5).stats.schedule == {}  # no draft, no schedule
+    stats = out.stats
+    stats.schedule = {"name": "adaptive", "gamma": 0, "alpha": 0.93, "c": 0.22, "s": 0.77, "plain_steps": 40,
+                      "pays": False}
+    assert ("adaptive gamma: alpha 0.930, c 0.220, verification cost s 0.770 per extra token, last gamma 0, plain "
+            "steps 40: speculation does not pay (alpha <= c + s)") in stats.summary()

@@ -4,6 +4,11 @@ alpha: acceptance rate, E[beta] with beta = sum_x min(p(x), q(x)) (Theorem 5, Co
 gamma: drafted tokens per target call.
 c: cost coefficient, time of one draft step / time of one target step (Definition 7).
 c_hat: arithmetic operations per token of the draft / of the target (Theorem 10).
+s: marginal verification cost, what each extra token in one target pass costs, in single target steps.
+   The paper assumes the target verifies gamma + 1 tokens for the price of one (s = 0), which holds
+   where a step is memory-bound (a GPU; bf16 on a CPU with AMX). Where small matrix products are
+   compute-bound (bf16 or fp32 on an AVX2-only CPU: measured s = 0.5-0.8), a pass over gamma + 1 tokens
+   costs 1 + s gamma steps. Every formula below takes s and reduces to the paper's at s = 0.
 
 All functions accept alpha = 1 and alpha = 0 without dividing by zero.
 """
@@ -38,11 +43,17 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return float(sum(alpha**i for i in range(gamma + 1)))
 
 
-def walltime_improvement(alpha: float, gamma: int, c: float) -> float:
-    """Theorem 8: expected walltime improvement, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))."""
+def walltime_improvement(alpha: float, gamma: int, c: float, s: float = 0.0) -> float:
+    """Theorem 8: expected walltime improvement, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
+
+    With a marginal verification cost s the target's pass costs 1 + s gamma steps instead of 1, so the
+    denominator becomes gamma (c + s) + 1: s acts as extra draft cost per drafted token.
+    """
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
-    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+    if s < 0:
+        raise ValueError(f"s must be >= 0, got {s}")
+    return expected_tokens(alpha, gamma) / (gamma * (c + s) + 1.0)
 
 
 def operations_factor(alpha: float, gamma: int, c_hat: float) -> float:
@@ -53,23 +64,36 @@ def operations_factor(alpha: float, gamma: int, c_hat: float) -> float:
     return (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
 
 
-def optimal_gamma(alpha: float, c: float, max_gamma: int = 32) -> int:
-    """Section 3.5: the integer gamma in [1, max_gamma] maximising Theorem 8 (smallest on ties)."""
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 32, s: float = 0.0) -> int:
+    """Section 3.5: the integer gamma in [1, max_gamma] maximising Theorem 8 (smallest on ties).
+
+    It may still be slower than plain decoding: :func:`speculation_pays` tells whether any gamma wins.
+    """
     if max_gamma < 1:
         raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
     best, best_value = 1, -math.inf
     for gamma in range(1, max_gamma + 1):
-        value = walltime_improvement(alpha, gamma, c)
+        value = walltime_improvement(alpha, gamma, c, s)
         if value > best_value + 1e-12:
             best, best_value = gamma, value
     return best
 
 
-def min_improvement(alpha: float, c: float) -> float:
-    """Corollary 9: when alpha > c, some gamma improves walltime by at least (1 + alpha) / (1 + c)
+def min_improvement(alpha: float, c: float, s: float = 0.0) -> float:
+    """Corollary 9: when alpha > c (+ s), some gamma improves walltime by at least (1 + alpha) / (1 + c + s)
     (Theorem 8 at gamma = 1)."""
     _check_alpha(alpha)
-    return (1.0 + alpha) / (1.0 + c)
+    return (1.0 + alpha) / (1.0 + c + s)
+
+
+def speculation_pays(alpha: float, c: float, s: float = 0.0) -> bool:
+    """Whether some gamma >= 1 beats plain decoding: alpha > c + s.
+
+    Theorem 8 (with s) is E[tokens](gamma) / (1 + gamma (c + s)); each extra drafted token adds at most
+    alpha^gamma <= alpha expected tokens and costs c + s, so if gamma = 1 does not win, no gamma does.
+    """
+    _check_alpha(alpha)
+    return alpha > c + s
 
 
 def oracle_expected_tokens(alpha: float) -> float:

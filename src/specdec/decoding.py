@@ -193,7 +193,7 @@ def generate(
         stats.record_step(g, n, betas)
         if drafter is not None:
             drafter.update(n)
-            schedule.update(StepFeedback(g, n, betas, t1 - t0, t2 - t1))
+            schedule.update(StepFeedback(g, n, betas, t1 - t0, t2 - t1, session.last_pass_tokens))
 
         new = tokens.tolist()
         origins = [True] * n + [False]
@@ -240,5 +240,7 @@ def generate(
                                   "its own plain decoding")
     if hasattr(drafter, "level_stats"):
         stats.levels = drafter.level_stats()
+    if drafter is not None:
+        stats.schedule = schedule.report()
     text = stop_text if stop_text is not None else target.decode(token_ids)
     return GenerationOutput(text, token_ids, from_draft[: len(token_ids)], list(prompt_ids), stats, config)

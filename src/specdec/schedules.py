@@ -6,9 +6,10 @@ output distribution exact.
 - ``constant``: gamma every step (the paper's setting).
 - ``heuristic``: +2 after a fully accepted step, -1 otherwise, within [1, max_gamma] (the rule of
   transformers' assisted generation).
-- ``adaptive``: keeps an exponentially weighted estimate of alpha (from the observed
-  beta = sum_x min(p, q)) and of the cost ratio c (measured draft time per drafted token over target
-  time per call), and drafts optimal_gamma(alpha, c) tokens, the maximiser of Theorem 8.
+- ``adaptive``: keeps exponentially weighted estimates of alpha (from the observed
+  beta = sum_x min(p, q)), of the cost ratio c and of the marginal verification cost s (from the
+  measured draft and target times), drafts optimal_gamma(alpha, c, s) tokens, the maximiser of
+  Theorem 8, and drafts nothing (plain steps, with a probe now and then) where no gamma pays.
 - ``confidence``: drafts up to max_gamma tokens but the draft stops as soon as its own top
   probability falls below a threshold (decided inside the drafter, see ``Drafter.stop_below``).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.analysis import optimal_gamma
+from specdec.analysis import optimal_gamma, speculation_pays
 
 SCHEDULES = ("constant", "heuristic", "adaptive", "confidence")
 
@@ -31,6 +32,7 @@ class StepFeedback:
     betas: list[float]  # beta at each verified position
     time_draft: float  # seconds spent drafting this step
     time_target: float  # seconds of the target's verification pass
+    target_tokens: int = 0  # tokens that pass computed: drafted + 1, more when it also caught up the prompt
 
 
 class GammaSchedule:
@@ -48,6 +50,10 @@ class GammaSchedule:
     def update(self, feedback: StepFeedback) -> None:
         return None
 
+    def report(self) -> dict:
+        """What the schedule ended with, for GenerationStats.schedule."""
+        return {"name": self.name, "gamma": self.gamma}
+
 
 class HeuristicSchedule(GammaSchedule):
     name = "heuristic"
@@ -62,37 +68,86 @@ class HeuristicSchedule(GammaSchedule):
 
 
 class AdaptiveSchedule(GammaSchedule):
-    """Theorem 8 with running estimates of alpha and c.
+    """Theorem 8 on running estimates of alpha, c and the marginal verification cost s.
 
-    alpha starts at ``alpha0``; c is unknown until a step has been timed, and until then gamma stays
-    at its initial value. ``decay`` is the weight of the past in the exponential averages.
+    From every step it learns alpha (an exponential average of the observed betas), the draft's time
+    per drafted token, and the target's time per pass for each pass size k (drafted + 1 tokens). A
+    least-squares line through the mean pass times, T(k) = T1 (1 + s (k - 1)), gives the single-step
+    time T1 and s; c is the draft's time per token over T1. It then drafts
+    ``optimal_gamma(alpha, c, max_gamma, s)`` tokens, or none (a plain step) when no gamma beats plain
+    decoding (alpha <= c + s, see :func:`specdec.analysis.speculation_pays`). Plain steps also time T1,
+    and every ``probe_every`` of them drafts one token to keep alpha and c up to date.
+
+    Until two pass sizes have been timed it drafts ``gamma`` and then 1 token, so that s can be fitted.
+    Passes larger than max_gamma + 1 tokens (the prefill) are not timed. The draft is timed only on steps
+    that follow a drafting step: on the first step a model draft also reads the whole prompt, and after
+    plain steps it first catches up with every token it missed, which would inflate c. ``decay`` is the weight of the
+    past in the exponential averages.
     """
 
     name = "adaptive"
 
-    def __init__(self, gamma: int, max_gamma: int, decay: float = 0.9, alpha0: float = 0.8, c0: float | None = None):
+    def __init__(self, gamma: int, max_gamma: int, decay: float = 0.9, alpha0: float = 0.8, probe_every: int = 16):
         super().__init__(gamma, max_gamma)
         self.decay = decay
+        self.probe_every = probe_every
         self.alpha = alpha0
-        self.c = c0
+        self.c: float | None = None
+        self.s: float | None = None
         self._draft_time_per_token: float | None = None
-        self._target_time: float | None = None
+        self._pass_time: dict[int, float] = {}  # pass size k -> averaged seconds
+        self._plain_steps = 0  # consecutive steps decided plain (counts to the next probe)
+        self.plain_steps = 0  # all of them
+        self._drafted_before: bool | None = None  # did the previous step draft? (None: no step yet)
 
     def _ewma(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
+    def _fit(self) -> tuple[float, float] | None:
+        """(T1, s) from the averaged pass times, or None before two pass sizes are known."""
+        if len(self._pass_time) < 2:
+            return None
+        ks = list(self._pass_time)
+        ts = [self._pass_time[k] for k in ks]
+        k_mean, t_mean = sum(ks) / len(ks), sum(ts) / len(ts)
+        slope = sum((k - k_mean) * (t - t_mean) for k, t in zip(ks, ts)) / sum((k - k_mean) ** 2 for k in ks)
+        slope = max(slope, 0.0)
+        t1 = t_mean - slope * (k_mean - 1)
+        if t1 <= 0:
+            return None
+        return t1, slope / t1
+
     def update(self, feedback: StepFeedback) -> None:
         for beta in feedback.betas:
             self.alpha = self._ewma(self.alpha, beta)
-        if feedback.drafted > 0 and feedback.time_draft > 0:
+        if feedback.drafted > 0 and feedback.time_draft > 0 and self._drafted_before:
             self._draft_time_per_token = self._ewma(self._draft_time_per_token, feedback.time_draft / feedback.drafted)
-        if feedback.time_target > 0:
-            self._target_time = self._ewma(self._target_time, feedback.time_target)
-        if self._draft_time_per_token is not None and self._target_time:
-            self.c = self._draft_time_per_token / self._target_time
-        if self.c is not None:
-            alpha = min(max(self.alpha, 0.0), 1.0 - 1e-6)
-            self.gamma = optimal_gamma(alpha, self.c, self.max_gamma)
+        self._drafted_before = feedback.drafted > 0
+        k = feedback.target_tokens
+        if 0 < k <= self.max_gamma + 1 and feedback.time_target > 0:
+            self._pass_time[k] = self._ewma(self._pass_time.get(k), feedback.time_target)
+        fit = self._fit()
+        if fit is None:  # learn a second pass size first
+            if self._pass_time:
+                self.gamma = 1 if 2 not in self._pass_time else max(2, self.gamma)
+            return
+        t1, self.s = fit
+        if self._draft_time_per_token is not None:
+            self.c = self._draft_time_per_token / t1
+        if self.c is None:
+            return
+        alpha = min(max(self.alpha, 0.0), 1.0 - 1e-6)
+        if speculation_pays(alpha, self.c, self.s):
+            self._plain_steps = 0
+            self.gamma = optimal_gamma(alpha, self.c, self.max_gamma, self.s)
+        else:
+            self._plain_steps += 1
+            self.gamma = 1 if self._plain_steps % self.probe_every == 0 else 0
+            self.plain_steps += self.gamma == 0
+
+    def report(self) -> dict:
+        return {**super().report(), "alpha": self.alpha, "c": self.c, "s": self.s, "plain_steps": self.plain_steps,
+                "pays": None if self.c is None else speculation_pays(min(max(self.alpha, 0.0), 1.0), self.c, self.s)}
 
 
 class ConfidenceSchedule(GammaSchedule):

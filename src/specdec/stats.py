@@ -40,6 +40,7 @@ class GenerationStats:
     exact: bool = True  # False when lenience < 1, or a dynamically quantized target verifies drafts
     not_exact_reason: str | None = None
     levels: list[dict[str, Any]] = field(default_factory=list)  # hierarchical drafting: one entry per draft level
+    schedule: dict[str, Any] = field(default_factory=dict)  # the gamma schedule's final state (GammaSchedule.report)
 
     def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
         self.target_calls += 1
@@ -102,6 +103,7 @@ class GenerationStats:
             "exact": self.exact,
             "not_exact_reason": self.not_exact_reason,
             "levels": self.levels,
+            "schedule": self.schedule,
         }
 
     def summary(self) -> str:
@@ -123,6 +125,13 @@ class GenerationStats:
                 f"accepted {level['accepted']}, alpha {fmt(level['alpha'])}, "
                 f"time verify {level['time_target_s']:.2f} s, inner draft {level['time_draft_s']:.2f} s"
             )
+        if self.schedule.get("name") == "adaptive" and self.schedule.get("c") is not None:
+            sch = self.schedule
+            verdict = ("speculation pays (alpha > c + s)" if sch["pays"] else
+                       "speculation does not pay (alpha <= c + s): plain steps, a drafted token now and then")
+            lines.append(f"adaptive gamma: alpha {sch['alpha']:.3f}, c {sch['c']:.3f}, verification cost s "
+                         f"{sch['s']:.3f} per extra token, last gamma {sch['gamma']}, plain steps "
+                         f"{sch['plain_steps']}: {verdict}")
         if not self.exact:
             lines.append("NOT EXACT: " + (self.not_exact_reason or "lenience < 1, the output does not follow the "
                                           "target's distribution"))

@@ -39,6 +39,7 @@ class KVSession:
         self.cache = self._new_cache()
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache, in order
         self.forward_passes = 0
+        self.last_pass_tokens = 0  # tokens the last forward pass computed (what its time depends on)
 
     def _new_cache(self):
         return preallocated_cache(self.model.hf_model.config)
@@ -69,6 +70,7 @@ class KVSession:
             logits = self._run(new, n_logits)
         self.tokens.extend(sequence[keep:])
         self.forward_passes += 1
+        self.last_pass_tokens = int(new.shape[1])
         return logits[0, -n_logits:]  # [n_logits, V]
 
 
