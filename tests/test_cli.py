@@ -115,13 +115,17 @@ def test_presets_lists_every_preset(capsys):
         assert name in out
 
 
-def test_default_gamma_follows_the_draft():
-    def args(*argv):
-        return argparse.Namespace(draft=list(argv) or None, draft_quantize="int8", num_beams=None)
+def test_default_gamma_and_schedule_follow_the_draft():
+    def args(*argv, gamma=None, schedule=None):
+        return argparse.Namespace(draft=list(argv) or None, draft_quantize="int8", num_beams=None, gamma=gamma,
+                                  gamma_schedule=schedule)
 
-    assert cli._default_gamma(args()) == cli.DEFAULT_GAMMA_INT8_DRAFT == 6  # the default int8 model draft
-    assert cli._default_gamma(args("prompt-lookup")) is None  # the library default, 4
-    assert cli._default_gamma(args("a", "prompt-lookup")) is None  # a hierarchy
+    default = cli._default_speculation(args())  # the default int8 model draft: start at 6, adapt
+    assert default == (cli.DEFAULT_GAMMA_INT8_DRAFT, cli.DEFAULT_SCHEDULE_INT8_DRAFT) == (6, "adaptive")
+    assert cli._default_speculation(args(gamma=3)) == (3, None)  # --gamma alone: constant, as in the paper
+    assert cli._default_speculation(args(schedule="heuristic")) == (6, "heuristic")
+    assert cli._default_speculation(args("prompt-lookup")) == (None, None)  # the library defaults: 4, constant
+    assert cli._default_speculation(args("a", "prompt-lookup", gamma=5)) == (5, None)  # a hierarchy
     none = args("some/model")
     none.draft_quantize = "none"
-    assert cli._default_gamma(none) is None
+    assert cli._default_speculation(none) == (None, None)

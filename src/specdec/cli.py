@@ -21,6 +21,12 @@ DEFAULT_DRAFT_QUANTIZE = "int8"
 # verifying more tokens is not free on CPU (7 tokens cost 1.13x one step, 5 tokens 1.10x), and gamma 6
 # measured faster than 4 (README, Benchmark). Other drafts keep the library default (4).
 DEFAULT_GAMMA_INT8_DRAFT = 6
+# ... and it drafts adaptively from there (specdec.schedules.AdaptiveSchedule: Theorem 8 on the measured
+# alpha, c and verification cost s, plain steps where no gamma pays). Whether verifying gamma + 1 tokens is
+# nearly free depends on the CPU: 7 tokens cost 1.13-1.27x one step in bf16 on an AMX Xeon, 5.9x on an
+# AVX2-only EPYC, where constant gamma 6 ran at 0.87x plain decoding and the adaptive schedule at 0.95x
+# (README, "When verification is not free"). --gamma N alone drafts a constant N, as in the paper.
+DEFAULT_SCHEDULE_INT8_DRAFT = "adaptive"
 
 # ANSI colours for --color: tokens accepted from the draft vs tokens produced by the target (paper Figure 1).
 COLOUR_DRAFT = "\033[32m"  # green
@@ -43,8 +49,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         "output is NOT exact even for the quantized model (dynamic int8 logits depend on how many "
                         "tokens a pass covers; measured 1/20 greedy outputs equal), so it is a speed option only")
     p.add_argument("--gamma", type=int, default=None,
-                   help=f"draft tokens per target call (default {DEFAULT_GAMMA_INT8_DRAFT} with one int8 model draft, "
-                        "the default; else 4)")
+                   help=f"draft tokens per target call (default: with one int8 model draft, the default, start at "
+                        f"{DEFAULT_GAMMA_INT8_DRAFT} and adapt; else 4, constant)")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
@@ -53,8 +59,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, reported in the stats)")
     p.add_argument("--chat", action="store_true", default=None, help="wrap the prompt in the model's chat template")
     p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
-                   help="how gamma varies (all exact): constant (default), heuristic (+2/-1), adaptive (Theorem 8 "
-                        "with running alpha and c), confidence (the draft stops when unsure)")
+                   help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
+                        "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "
+                        "given), confidence (the draft stops when unsure)")
     p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
     p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
     p.add_argument("--num-beams", type=int, default=None, help="beam width w (> 1: beam search, greedy)")
@@ -141,25 +148,32 @@ def _load_draft(args: argparse.Namespace, target):
     return drafts[0] if len(drafts) == 1 else drafts
 
 
-def _default_gamma(args: argparse.Namespace) -> int | None:
-    """DEFAULT_GAMMA_INT8_DRAFT for one int8-quantized model draft (the default setup), else None (library default)."""
+def _default_speculation(args: argparse.Namespace) -> tuple[int | None, str | None]:
+    """(gamma, gamma_schedule) to pass on; None leaves the library default (gamma 4, constant).
+
+    With one int8-quantized model draft (the default setup) gamma defaults to DEFAULT_GAMMA_INT8_DRAFT and,
+    when --gamma is not given either, the schedule to DEFAULT_SCHEDULE_INT8_DRAFT.
+    """
     from specdec.drafters import DRAFTER_NAMES
 
     names = args.draft or [DEFAULT_DRAFT]
     one_model = len(names) == 1 and names[0].lower() != "none" and names[0] not in DRAFTER_NAMES
-    if one_model and str(args.draft_quantize).lower() == "int8" and (args.num_beams or 1) <= 1:
-        return DEFAULT_GAMMA_INT8_DRAFT
-    return None
+    if not (one_model and str(args.draft_quantize).lower() == "int8" and (args.num_beams or 1) <= 1):
+        return args.gamma, args.gamma_schedule
+    if args.gamma is not None:
+        return args.gamma, args.gamma_schedule
+    return DEFAULT_GAMMA_INT8_DRAFT, args.gamma_schedule or DEFAULT_SCHEDULE_INT8_DRAFT
 
 
 def _generate(args: argparse.Namespace) -> int:
     import specdec
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    gamma, gamma_schedule = _default_speculation(args)
     config = specdec.GenerationConfig.from_options(
-        gamma=args.gamma if args.gamma is not None else _default_gamma(args), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        gamma=gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
-        gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
+        gamma_schedule=gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
         lenience=args.lenience, num_beams=args.num_beams, draft_beams=args.draft_beams, beam_mode=args.beam_mode,
         length_penalty=args.length_penalty,
     )

@@ -1,0 +1,76 @@
+"""What one cached forward pass over k new tokens costs, per model and weight format, on this CPU.
+
+    python scripts/step_costs.py                       # the Qwen pair in bf16, fp32 and int8; k = 1, 5, 7
+    python scripts/step_costs.py --ks 1,2,3,5,7 --json out.json
+
+Speculative decoding pays when the target verifies gamma + 1 tokens for little more than the price of
+one (the paper's assumption, s = 0 in :mod:`specdec.analysis`). Whether it does depends on the CPU's
+matrix kernels: this prints T(k) and T(k) / T(1), and the marginal cost s = (T(k) / T(1) - 1) / (k - 1)
+that the adaptive gamma schedule estimates during decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import specdec
+
+FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"}}
+
+
+def step_ms(model: specdec.LanguageModel, k: int, context: int, reps: int) -> float:
+    """Median milliseconds of a forward pass over k new tokens after ``context`` cached tokens."""
+    prompt = list(range(1000, 1000 + context))
+    session, seq = model.start(prompt)
+    session.forward(seq, 1)  # prefill, untimed
+    extension = list(range(2000, 2000 + k))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        session.forward(seq + extension, k)
+        times.append(time.perf_counter() - t0)
+        seq = seq + extension[:1]  # as a step that kept one token: the next pass rolls the rest back
+    return 1000 * statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="qwen2.5-coder-1.5b,qwen2.5-coder-0.5b")
+    parser.add_argument("--formats", default="bf16,fp32,int8", help="comma list out of bf16, fp32, int8")
+    parser.add_argument("--ks", default="1,5,7", help="comma list of pass sizes (1 is always measured)")
+    parser.add_argument("--context", type=int, default=300, help="cached tokens before the timed passes")
+    parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument("--json", default=None, metavar="PATH")
+    args = parser.parse_args()
+
+    ks = sorted({1, *(int(k) for k in args.ks.split(","))})
+    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
+          f"torch {torch.__version__}; {args.context} cached tokens, median of {args.reps}")
+    print("| model | format | " + " | ".join(f"k={k} ms" for k in ks) + f" | T({ks[-1]}) / T(1) | s |")
+    print("|---|---|" + "---|" * (len(ks) + 2))
+    rows = []
+    for name in args.models.split(","):
+        for fmt in args.formats.split(","):
+            model = specdec.load(name, **FORMATS[fmt])
+            ms = {k: step_ms(model, k, args.context, args.reps) for k in ks}
+            ratio = ms[ks[-1]] / ms[1]
+            s = (ratio - 1) / (ks[-1] - 1) if ks[-1] > 1 else 0.0
+            rows.append({"model": name, "format": fmt, "ms": ms, "ratio": ratio, "s": s})
+            print(f"| {name} | {fmt} | " + " | ".join(f"{ms[k]:.0f}" for k in ks) + f" | {ratio:.2f} | {s:.2f} |",
+                  flush=True)
+            del model
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "config": vars(args),
+                       "rows": rows}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
