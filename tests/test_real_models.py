@@ -77,3 +77,9 @@ def test_qwen_pair_speculative_equals_plain_and_transformers():
         out = specdec.generate(target, CODE_PROMPT, draft=d, gamma=gamma, max_new_tokens=n)
         assert out.token_ids == plain.token_ids, (getattr(d, "name", d), gamma)
     assert out.stats.target_calls <= n
+    # The CLI's default draft (the 0.5B model in dynamic int8) with its default schedule, and a constant gamma.
+    int8 = specdec.load("qwen2.5-coder-0.5b", quantize="int8")
+    for gamma, schedule in ((6, "adaptive"), (4, "constant")):
+        out = specdec.generate(target, CODE_PROMPT, draft=int8, gamma=gamma, gamma_schedule=schedule, max_new_tokens=n)
+        assert out.token_ids == plain.token_ids, (gamma, schedule)
+    assert out.stats.accepted > n / 2  # constant gamma 4: the int8 copy drafts most tokens the fp32 target picks

@@ -66,13 +66,14 @@ def test_adaptive_decodes_plainly_when_speculation_cannot_pay_and_probes():
         feed(s, g, [0.7] * g, 0.02, steep)
         trace.append(s.next_gamma())
     assert trace == [0, 0, 0, 1, 0, 0, 0, 1, 0]  # plain steps, one drafted token every 4th step
+    assert s.pays is False and s.report()["pays"] is False and s.plain_steps == 7  # the 7 zeros of the trace
     assert s.c == pytest.approx(0.1)
     feed(s, 0, [], 0.0, steep)  # a plain step, then a probe: the draft caught up first (not timed)
     feed(s, 1, [0.7], 3.0, steep)
     assert s.c == pytest.approx(0.1)
     for g in (4, 1, 0):  # verification became free at every pass size timed: speculate again
         feed(s, g, [0.99] * g, 0.02, lambda k: 0.2)
-    assert s.next_gamma() == optimal_gamma(0.99, 0.1, 8) == 8
+    assert s.next_gamma() == optimal_gamma(0.99, 0.1, 8) == 8 and s.pays is True
 
 
 def test_steps_without_drafts_keep_greedy_exact(monkeypatch):

@@ -81,8 +81,8 @@ class AdaptiveSchedule(GammaSchedule):
     Until two pass sizes have been timed it drafts ``gamma`` and then 1 token, so that s can be fitted.
     Passes larger than max_gamma + 1 tokens (the prefill) are not timed. The draft is timed only on steps
     that follow a drafting step: on the first step a model draft also reads the whole prompt, and after
-    plain steps it first catches up with every token it missed, which would inflate c. ``decay`` is the weight of the
-    past in the exponential averages.
+    plain steps it first catches up with every token it missed, which would inflate c. ``decay`` is the
+    weight of the past in the exponential averages.
     """
 
     name = "adaptive"
@@ -99,6 +99,7 @@ class AdaptiveSchedule(GammaSchedule):
         self._plain_steps = 0  # consecutive steps decided plain (counts to the next probe)
         self.plain_steps = 0  # all of them
         self._drafted_before: bool | None = None  # did the previous step draft? (None: no step yet)
+        self.pays: bool | None = None  # the last decision: does some gamma beat plain decoding?
 
     def _ewma(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -137,7 +138,8 @@ class AdaptiveSchedule(GammaSchedule):
         if self.c is None:
             return
         alpha = min(max(self.alpha, 0.0), 1.0 - 1e-6)
-        if speculation_pays(alpha, self.c, self.s):
+        self.pays = speculation_pays(alpha, self.c, self.s)
+        if self.pays:
             self._plain_steps = 0
             self.gamma = optimal_gamma(alpha, self.c, self.max_gamma, self.s)
         else:
@@ -147,7 +149,7 @@ class AdaptiveSchedule(GammaSchedule):
 
     def report(self) -> dict:
         return {**super().report(), "alpha": self.alpha, "c": self.c, "s": self.s, "plain_steps": self.plain_steps,
-                "pays": None if self.c is None else speculation_pays(min(max(self.alpha, 0.0), 1.0), self.c, self.s)}
+                "pays": self.pays}
 
 
 class ConfidenceSchedule(GammaSchedule):
