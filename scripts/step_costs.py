@@ -13,30 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import torch
 
 import specdec
+from specdec.bench import forward_time
 
 FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"}}
 
 
 def step_ms(model: specdec.LanguageModel, k: int, context: int, reps: int) -> float:
     """Median milliseconds of a forward pass over k new tokens after ``context`` cached tokens."""
-    prompt = list(range(1000, 1000 + context))
-    session, seq = model.start(prompt)
-    session.forward(seq, 1)  # prefill, untimed
-    extension = list(range(2000, 2000 + k))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        session.forward(seq + extension, k)
-        times.append(time.perf_counter() - t0)
-        seq = seq + extension[:1]  # as a step that kept one token: the next pass rolls the rest back
-    return 1000 * statistics.median(times)
+    return 1000 * forward_time(model, list(range(1000, 1000 + context + k)), k, reps)
 
 
 def main() -> int:

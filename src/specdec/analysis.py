@@ -7,8 +7,8 @@ c_hat: arithmetic operations per token of the draft / of the target (Theorem 10)
 s: marginal verification cost, what each extra token in one target pass costs, in single target steps.
    The paper assumes the target verifies gamma + 1 tokens for the price of one (s = 0), which holds
    where a step is memory-bound (a GPU; bf16 on a CPU with AMX). Where small matrix products are
-   compute-bound (bf16 or fp32 on an AVX2-only CPU: measured s = 0.5-0.8), a pass over gamma + 1 tokens
-   costs 1 + s gamma steps. Every formula below takes s and reduces to the paper's at s = 0.
+   compute-bound (an AVX2-only CPU: measured s = 0.7-0.83 in bf16, 0.28-0.37 in fp32), a pass over
+   gamma + 1 tokens costs 1 + s gamma steps. Every formula below takes s and reduces to the paper's at s = 0.
 
 All functions accept alpha = 1 and alpha = 0 without dividing by zero.
 """

@@ -158,9 +158,8 @@ def _default_speculation(args: argparse.Namespace) -> tuple[int | None, str | No
 
     names = args.draft or [DEFAULT_DRAFT]
     one_model = len(names) == 1 and names[0].lower() != "none" and names[0] not in DRAFTER_NAMES
-    if not (one_model and str(args.draft_quantize).lower() == "int8" and (args.num_beams or 1) <= 1):
-        return args.gamma, args.gamma_schedule
-    if args.gamma is not None:
+    default_setup = one_model and str(args.draft_quantize).lower() == "int8" and (args.num_beams or 1) <= 1
+    if not default_setup or args.gamma is not None:
         return args.gamma, args.gamma_schedule
     return DEFAULT_GAMMA_INT8_DRAFT, args.gamma_schedule or DEFAULT_SCHEDULE_INT8_DRAFT
 

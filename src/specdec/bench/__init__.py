@@ -462,25 +462,35 @@ def _measure_temperature(args: argparse.Namespace, task: Task, prompt_ids: list[
             "identical_to_plain": identical, "quality": quality, "outputs": outputs, "runs": records}
 
 
+def forward_time(model: LanguageModel, prompt_ids: list[int], k: int, repeats: int = 5) -> float:
+    """Median seconds of one cached forward pass over k new tokens at the end of ``prompt_ids``.
+
+    The prompt is prefilled once, one pass of this shape runs untimed (first-call effects), then each
+    timed pass recomputes the last k positions on the warm cache (a rollback of k, then k new tokens).
+    """
+    from statistics import median
+
+    session, start = model.start(prompt_ids)  # for a causal LM, start is the prompt itself
+    k = min(k, len(start))
+    session.forward(start, 1)  # prefill
+    session.forward(start, k)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        session.forward(start, k)
+        times.append(time.perf_counter() - t0)
+    return median(times)
+
+
 def measure_costs(target: LanguageModel, models: dict[str, list[LanguageModel]], prompt_ids: list[int],
                   gammas: list[int], repeats: int = 5) -> dict[str, Any]:
     """Median times of single cached forward passes, measured once per run: the target over 1 and
     over gamma + 1 new tokens (each gamma), and every draft model over 1. c_direct = draft(1) / target(1)
     for a draft that is one model (the paper's c); hierarchies list the c of each of their models."""
-    from statistics import median
-
     seq = list(prompt_ids)
 
     def step(model: LanguageModel, k: int) -> float:
-        session, start = model.start(seq)  # for a causal LM, start is the prompt itself
-        session.forward(start, 1)  # prefill
-        session.forward(start, min(k, len(start)))  # one untimed pass of this shape (first-call effects)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            session.forward(start, min(k, len(start)))  # recompute the last k positions on a warm cache
-            times.append(time.perf_counter() - t0)
-        return median(times)
+        return forward_time(model, seq, k, repeats)
 
     t1 = step(target, 1)
     out: dict[str, Any] = {"repeats": repeats, "target_k1_s": t1, "target_s": {"1": t1}, "verify_tokens": {},
