@@ -35,11 +35,11 @@ def exact_joint(target, sampling):
     return (p1[:, None] * p2).flatten()
 
 
-def sampled_joint(target, draft, n_runs, **options):
+def sampled_joint(target, draft, n_runs, max_new_tokens=2, **options):
     counts = torch.zeros(V * V)
     for seed in range(n_runs):
-        out = specdec.generate(target, PROMPT, draft=draft, max_new_tokens=2, seed=seed, **options)
-        x1, x2 = out.token_ids
+        out = specdec.generate(target, PROMPT, draft=draft, max_new_tokens=max_new_tokens, seed=seed, **options)
+        x1, x2 = out.token_ids[:2]
         counts[x1 * V + x2] += 1
     return counts
 
@@ -68,3 +68,18 @@ def test_the_draft_is_actually_different(target):
     out = specdec.generate(target, PROMPT, draft=draft, gamma=2, max_new_tokens=200, temperature=1.0, seed=0)
     assert out.stats.alpha < 0.9
     assert out.stats.acceptance_rate < 0.9
+
+
+@pytest.mark.parametrize("engine", ["dynamic", "static"])
+def test_first_two_tokens_follow_the_target_when_every_round_drafts_several_tokens(target, engine):
+    # max_new_tokens=2 clamps every draft to 1 token (the budget keeps room for the target's token),
+    # which would hide a q row misaligned at draft position >= 2. With gamma 3 and 5 new tokens, every
+    # round that decides the first two tokens drafts 3 (k = min(gamma, 5 - generated - 1) >= 3).
+    model = specdec.load(target.hf_model, tokenizer=target.tokenizer, engine=engine)
+    draft = specdec.load(perturbed(target, 1.0, seed=3).hf_model, tokenizer=target.tokenizer, engine=engine)
+    sampling = SamplingParams(temperature=1.0)
+    probs = exact_joint(target, sampling)
+    counts = sampled_joint(model, draft, N_RUNS, max_new_tokens=5, gamma=3, temperature=1.0)
+    assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
+    out = specdec.generate(model, PROMPT, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=0)
+    assert out.stats.drafted_per_position[:3] == [out.stats.drafted_per_position[0]] * 3  # rounds drafted 3

@@ -23,9 +23,12 @@ lenience accepts x when p(x) >= l * max(p) on the unstandardized distribution.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import SamplingParams, sample, standardize
 
 # Below this mass the residual max(0, p - q) is numerically zero: p and q agree on that row, so a
 # rejection had probability ~0 and p itself is the correct distribution to sample from.
@@ -77,10 +80,10 @@ def speculative_sampling(
         raise ValueError(f"p must have gamma + 1 = {gamma + 1} rows, got {p.shape[0]}")
     if q is not None and q.shape[0] != gamma:
         raise ValueError(f"q must have gamma = {gamma} rows, got {q.shape[0]}")
-    positions = torch.arange(gamma)
+    positions = torch.arange(gamma, device=p.device)
     p_x = p[positions, draft_tokens]  # [gamma]
     q_x = q[positions, draft_tokens] if q is not None else torch.ones_like(p_x)  # [gamma]
-    r = torch.rand(gamma, generator=generator, dtype=p_x.dtype)  # [gamma], U[0, 1)
+    r = torch.rand(gamma, generator=generator, dtype=p_x.dtype, device=p.device)  # [gamma], U[0, 1)
     # Accept x_i with probability min(1, p/q): r < p/q, written without a division. A token the
     # target gives probability 0 is never accepted.
     accepted = r * (lenience * q_x) < p_x  # [gamma] bool
@@ -124,7 +127,7 @@ def lenient_greedy_mask(logits: torch.Tensor, draft_tokens: torch.Tensor, lenien
     gamma = draft_tokens.shape[0]
     rows = logits[:gamma].float()  # [gamma, V]
     gap = rows.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) - rows.max(-1).values  # [gamma]
-    return gap >= torch.log(torch.tensor(lenience))
+    return gap >= math.log(lenience)
 
 
 def acceptance_probability(p: torch.Tensor, q: torch.Tensor | None, draft_tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,3 +139,84 @@ def acceptance_probability(p: torch.Tensor, q: torch.Tensor | None, draft_tokens
     if q is None:
         return p.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     return torch.minimum(p, q).sum(-1)
+
+
+@dataclass
+class Verification:
+    """The outcome of verifying one draft, as device tensors (reading them is the round's one sync).
+
+    tokens: [gamma + 1] long; tokens[:n] are the accepted draft tokens, tokens[n] the target's token
+      (residual or bonus); entries after n are padding.
+    n: [] long, the number of accepted draft tokens.
+    betas: [gamma] float, beta = sum_x min(p(x), q(x)) at each drafted position (Theorem 5; at
+      temperature 0: 1 where the draft token is the target's choice). Only the first min(n + 1, gamma)
+      were verified: the statistics use those.
+    p: [gamma + 1, V] the standardized target distributions when sampling (None at temperature 0).
+    """
+
+    tokens: torch.Tensor
+    n: torch.Tensor
+    betas: torch.Tensor
+    p: torch.Tensor | None = None
+
+    def read(self) -> tuple[list[int], int, list[float]]:
+        """(emitted tokens, n, verified betas) on the host: one device-to-host copy."""
+        gamma = self.betas.shape[0]
+        packed = torch.cat([self.n.reshape(1).double(), self.tokens.double(), self.betas.double()]).tolist()
+        n = int(packed[0])
+        tokens = [int(t) for t in packed[1: n + 2]]
+        return tokens, n, packed[2 + gamma: 2 + gamma + min(n + 1, gamma)]
+
+
+def verify(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor | None,
+    sampling: SamplingParams,
+    generator: torch.Generator | None = None,
+    lenience: float = 1.0,
+) -> Verification:
+    """Algorithm 1's verification of one draft, computed on the logits' device without a host sync.
+
+    logits: [gamma + 1, V] the target's raw logits after prefix, x_1, .., x_gamma.
+    draft_tokens: [gamma] long; q: [gamma, V] the draft's standardized distributions, or None for a
+    one-hot draft. At temperature 0 token ids are compared (:func:`greedy_verification`); otherwise
+    speculative sampling (:func:`speculative_sampling`, Appendix A.1) runs with the same random draws
+    in the same order, so on CPU it returns the very tokens the reference functions return.
+    Lenience l < 1 is Appendix A.5 (not exact).
+    """
+    gamma = draft_tokens.shape[0]
+    device = logits.device
+    index = torch.arange(gamma + 1, device=device)  # [gamma + 1]
+    padded = torch.cat([draft_tokens, draft_tokens.new_zeros(1)])  # [gamma + 1]
+    if sampling.greedy:
+        target_argmax = logits.argmax(dim=-1)  # [gamma + 1]
+        ok = target_argmax[:gamma] == draft_tokens  # [gamma]
+        if lenience < 1.0 and gamma:
+            ok = ok | lenient_greedy_mask(logits, draft_tokens, lenience)
+        n = ok.long().cumprod(0).sum()  # []
+        tokens = torch.where(index < n, padded, target_argmax)  # accepted drafts, then the target's choice
+        return Verification(tokens, n, ok.float())
+
+    p = standardize(logits, sampling)  # [gamma + 1, V]
+    p_x = p[index[:gamma], draft_tokens]  # [gamma]
+    q_x = q[index[:gamma], draft_tokens] if q is not None else torch.ones_like(p_x)  # [gamma]
+    r = torch.rand(gamma, generator=generator, dtype=p_x.dtype, device=device)  # [gamma], U[0, 1)
+    n = (r * (lenience * q_x) < p_x).long().cumprod(0).sum()  # []
+    p_n = p.index_select(0, n.reshape(1))[0]  # [V] target row at the first rejection (or the bonus row)
+    if q is None:  # one-hot q: remove l from the rejected token's probability
+        x_n = padded.index_select(0, n.reshape(1))  # [1]
+        residual = p_n.scatter(0, x_n, (p_n.gather(0, x_n) - lenience).clamp_min(0.0))
+    else:
+        q_padded = torch.cat([q, q.new_zeros(1, q.shape[-1])])  # [gamma + 1, V]
+        residual = (p_n - lenience * q_padded.index_select(0, n.reshape(1))[0]).clamp_min(0.0)
+    mass = residual.sum()
+    residual = torch.where(mass <= RESIDUAL_EPS, p_n, residual / mass)  # as residual_distribution
+    final = torch.where(n == gamma, p_n, residual)  # bonus token from p_{gamma + 1}
+    t = sample(final, generator)  # []
+    tokens = torch.where(index < n, padded, t)
+    if lenience < 1.0:  # Appendix A.5: sum_x min(p(x) / l, q(x))
+        betas = acceptance_probability(p[:gamma] / lenience, q, draft_tokens).clamp(max=1.0)
+    else:
+        betas = acceptance_probability(p[:gamma], q, draft_tokens)
+    return Verification(tokens, n, betas, p)

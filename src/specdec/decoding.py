@@ -1,31 +1,30 @@
 """The decoding loop. Plain autoregressive decoding (no draft) and speculative decoding share it.
 
-Each step:
-  1. the drafter proposes up to gamma tokens (none without a draft);
-  2. the target scores the sequence plus the drafted tokens in one forward pass over its KV cache;
-  3. speculative sampling (or, at temperature 0, the exact greedy comparison) accepts a prefix of the
-     draft and appends one target token;
-  4. the sequence grows by 1 to gamma + 1 tokens; the caches roll back to it on the next call;
-  5. EOS, stop strings, max_new_tokens and the context length end the loop.
+generate() = prepare, then rounds until done, then finish. Each round:
+  1. the drafter proposes up to gamma tokens (none without a draft), as device tensors;
+  2. the target scores its last token plus the drafted ones in one forward pass (``extend``);
+  3. ``acceptance.verify`` accepts a prefix of the draft and appends one target token, on the device;
+  4. one read-back brings (tokens, n, betas) to the host: the round's only synchronization;
+  5. the caches roll back to what was accepted (``rollback``: bookkeeping only);
+  6. EOS, stop strings, max_new_tokens and the context length end the loop.
+
+Invariant between rounds: the target's cache holds every token of ``sequence`` but the last one.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from specdec.acceptance import (
-    acceptance_probability, greedy_verification, lenient_greedy_mask, speculative_sampling,
-)
+from specdec.acceptance import verify
 from specdec.config import GenerationConfig
-from specdec.drafters import DraftContext, make_drafter
+from specdec.devices import RoundClock, Stopwatch, new_generator
+from specdec.drafters import Draft, DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
-from specdec.sampling import standardize
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 
@@ -111,8 +110,20 @@ def generate(
         raise SpecDecError("pass either config= or keyword options, not both")
     target = load(target)
     drafter = make_drafter(draft, target, inner_gamma=config.gamma)
-    schedule = make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound)
+    prompt_ids = _prompt_ids(target, prompt, config)
+    seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
+    if config.num_beams > 1:
+        return _beam_generate(target, draft, prompt_ids, config, seed)
+    run = _prepare(target, drafter, prompt_ids, config, seed, on_tokens)
+    try:
+        while not run.stats.stop_reason:
+            _round(run)
+    finally:
+        run.close()
+    return _finish(run)
 
+
+def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise SpecDecError("the prompt is empty; give some text to continue")
@@ -130,110 +141,134 @@ def generate(
             f"the prompt has {len(prompt_ids)} tokens but {target.name} reads at most {max_context}; "
             "shorten the prompt"
         )
+    return prompt_ids
 
-    seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
-    if config.num_beams > 1:
-        return _beam_generate(target, draft, prompt_ids, config, seed)
-    generator = torch.Generator().manual_seed(seed)
-    sampling = config.sampling
-    eos = target.eos_token_ids
-    stats = GenerationStats(prompt_tokens=len(prompt_ids), seed=seed)
 
-    t_start = time.perf_counter()
-    session, sequence = target.start(prompt_ids)
-    start_len = len(sequence)
-    limit = config.max_new_tokens
-    if max_context is not None:
-        limit = min(limit, max_context - start_len)
-    if drafter is not None:
-        t0 = time.perf_counter()
-        source = prompt_ids if target.is_encoder_decoder else ()
-        stop_below = config.confidence if config.gamma_schedule == "confidence" else None
-        drafter.start(DraftContext(prompt_ids, sampling, generator, target.vocab_size, frozenset(eos), source, stop_below))
-        stats.time_draft += time.perf_counter() - t0
-    from_draft: list[bool] = []
+@dataclass
+class _Run:
+    """One generation between prepare and finish."""
+
+    target: LanguageModel
+    prompt_ids: list[int]
+    drafter: Any
+    schedule: Any
+    config: GenerationConfig
+    session: Any  # the target's ModelSession
+    sequence: list[int]  # host copy of the decoded sequence (prompt included for a causal LM)
+    last: torch.Tensor  # [1] the sequence's last token on the device (not yet in the target's cache)
+    start_len: int
+    limit: int  # new tokens at most (max_new_tokens, or fewer when the context ends first)
+    generator: torch.Generator
+    eos: set[int]
+    stats: GenerationStats
+    clock: RoundClock
+    on_tokens: TokenCallback | None
+    t_start: float
+    from_draft: list[bool] = field(default_factory=list)
     stop_text: str | None = None
 
-    while True:
-        generated = len(sequence) - start_len
-        # Never draft past the budget: n accepted + 1 target token must fit.
-        k = min(schedule.next_gamma(), limit - generated - 1) if drafter is not None else 0
-        t0 = time.perf_counter()
-        if k > 0:
-            calls_before = drafter.forward_passes
-            proposal = drafter.propose(sequence, k)
-            stats.draft_calls += drafter.forward_passes - calls_before
-        else:
-            proposal = None
-        t1 = time.perf_counter()
-        stats.time_draft += t1 - t0
-        draft_tokens = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)  # [g]
-        g = int(draft_tokens.shape[0])
-        logits = session.forward(sequence + draft_tokens.tolist(), g + 1)  # [g + 1, V]
-        t2 = time.perf_counter()
-        stats.time_target += t2 - t1
+    def close(self) -> None:
+        self.session.close()
+        if self.drafter is not None and getattr(self.drafter, "session", None) is not None:
+            self.drafter.session.close()
 
-        if sampling.greedy:
-            target_argmax = logits.argmax(dim=-1)  # [g + 1]
-            lenient = lenient_greedy_mask(logits, draft_tokens, config.lenience) if not config.exact and g else None
-            tokens, n = greedy_verification(target_argmax, draft_tokens, lenient)
-            m = min(n + 1, g)
-            ok = target_argmax[:m] == draft_tokens[:m]
-            betas = (ok if lenient is None else ok | lenient[:m]).float().tolist()
-        else:
-            p = standardize(logits, sampling)  # [g + 1, V]
-            q = proposal.q if proposal is not None else None
-            tokens, n = speculative_sampling(p, q, draft_tokens, generator, lenience=config.lenience)
-            m = min(n + 1, g)
-            q_m = None if q is None else q[:m]
-            if config.exact:
-                betas = acceptance_probability(p[:m], q_m, draft_tokens[:m]).tolist()
-            else:  # Appendix A.5: sum_x min(p(x) / l, q(x))
-                betas = acceptance_probability(p[:m] / config.lenience, q_m, draft_tokens[:m]).clamp(max=1.0).tolist()
-        stats.record_step(g, n, betas)
-        if drafter is not None:
-            drafter.update(n)
-            schedule.update(StepFeedback(g, n, betas, t1 - t0, t2 - t1, session.last_pass_tokens))
 
-        new = tokens.tolist()
-        origins = [True] * n + [False]
-        done = ""
-        for j, tok in enumerate(new):
-            if tok in eos:
-                new, origins, done = new[: j + 1], origins[: j + 1], "eos"
-                break
-        sequence.extend(new)
-        from_draft.extend(origins)
-        if config.stop:
-            text = target.decode(sequence[start_len:])
-            cut = _find_stop(text, config.stop)
-            if cut is not None:
-                # Keep the tokens up to the one that completed the stop string; the text ends before it.
-                before = len(sequence) - len(new)
-                while len(sequence) > before + 1 and _find_stop(target.decode(sequence[start_len:-1]), config.stop) is not None:
-                    sequence.pop()
-                    from_draft.pop()
-                new = sequence[before:]
-                stop_text, done = text[:cut], "stop"
-        if on_tokens is not None and new:
-            on_tokens(new, origins[: len(new)])
-        generated = len(sequence) - start_len
-        if not done and generated >= limit:
-            done = "max_new_tokens" if generated >= config.max_new_tokens else "context"
-        if done:
-            stats.stop_reason = done
+def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config: GenerationConfig, seed: int,
+             on_tokens: TokenCallback | None) -> _Run:
+    device = target.device
+    stats = GenerationStats(prompt_tokens=len(prompt_ids), seed=seed)
+    wall = Stopwatch(device)
+    t_start = wall()
+    limit = config.max_new_tokens
+    if target.max_context is not None:
+        limit = min(limit, target.max_context - len(prompt_ids))
+    session, sequence = target.start(prompt_ids, len(prompt_ids) + limit + 1)
+    run = _Run(target, prompt_ids, drafter, make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound), config,
+               session, sequence, torch.tensor(sequence[-1:], dtype=torch.long).to(device), len(sequence), limit,
+               new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
+    session.prefill(sequence[:-1])
+    if drafter is not None:
+        t0 = wall()
+        source = prompt_ids if target.is_encoder_decoder else ()
+        stop_below = config.confidence if config.gamma_schedule == "confidence" else None
+        drafter.start(DraftContext(prompt_ids, config.sampling, run.generator, target.vocab_size, frozenset(run.eos),
+                                   source, stop_below, device, len(sequence) + limit + 1))
+        stats.time_draft += wall() - t0
+    return run
+
+
+def _round(run: _Run) -> None:
+    """One draft-verify round; sets ``run.stats.stop_reason`` when the generation ends."""
+    config, stats, clock, drafter = run.config, run.stats, run.clock, run.drafter
+    generated = len(run.sequence) - run.start_len
+    # Never draft past the budget: n accepted + 1 target token must fit.
+    k = min(run.schedule.next_gamma(), run.limit - generated - 1) if drafter is not None else 0
+    t0 = clock.mark()
+    if k > 0:
+        calls_before = drafter.forward_passes
+        proposal = drafter.propose(run.sequence, k)
+        stats.draft_calls += drafter.forward_passes - calls_before
+    else:
+        proposal = Draft.empty(run.last.device)
+    t1 = clock.mark()
+    g = len(proposal)
+    logits = run.session.extend(torch.cat([run.last, proposal.tokens]), g + 1)  # [g + 1, V]
+    result = verify(logits, proposal.tokens, proposal.q, config.sampling, run.generator, config.lenience)
+    t2 = clock.mark()
+    new, n, betas = result.read()  # the round's one synchronization
+    time_draft, time_target = clock.seconds(t0, t1), clock.seconds(t1, t2)
+    stats.time_draft += time_draft
+    stats.time_target += time_target
+    stats.record_step(g, n, betas)
+    run.session.rollback(len(run.sequence) + n)  # the sequence and the accepted drafts, not the new token
+    run.last = result.tokens[n: n + 1]
+    if drafter is not None:
+        drafter.update(n)
+        run.schedule.update(StepFeedback(g, n, betas, time_draft, time_target, run.session.last_pass_tokens))
+    _append(run, new, [True] * n + [False])
+
+
+def _append(run: _Run, new: list[int], origins: list[bool]) -> None:
+    """Add a round's tokens to the sequence, cut at EOS or a stop string, stream them, decide the end."""
+    config, sequence = run.config, run.sequence
+    done = ""
+    for j, tok in enumerate(new):
+        if tok in run.eos:
+            new, origins, done = new[: j + 1], origins[: j + 1], "eos"
             break
+    sequence.extend(new)
+    run.from_draft.extend(origins)
+    if config.stop:
+        text = run.target.decode(sequence[run.start_len:])
+        cut = _find_stop(text, config.stop)
+        if cut is not None:
+            # Keep the tokens up to the one that completed the stop string; the text ends before it.
+            before = len(sequence) - len(new)
+            while len(sequence) > before + 1 and _find_stop(run.target.decode(sequence[run.start_len:-1]), config.stop) is not None:
+                sequence.pop()
+                run.from_draft.pop()
+            new = sequence[before:]
+            run.stop_text, done = text[:cut], "stop"
+    if run.on_tokens is not None and new:
+        run.on_tokens(new, origins[: len(new)])
+    generated = len(sequence) - run.start_len
+    if not done and generated >= run.limit:
+        done = "max_new_tokens" if generated >= config.max_new_tokens else "context"
+    run.stats.stop_reason = done
 
-    token_ids = sequence[start_len:]
+
+def _finish(run: _Run) -> GenerationOutput:
+    config, stats, target, drafter = run.config, run.stats, run.target, run.drafter
+    token_ids = run.sequence[run.start_len:]
     stats.new_tokens = len(token_ids)
-    stats.time_total = time.perf_counter() - t_start
+    stats.time_total = Stopwatch(target.device)() - run.t_start
     stats.exact = config.exact
     if not config.exact:
         stats.not_exact_reason = f"lenience {config.lenience:g} < 1: the output does not follow the target's distribution"
     if drafter is not None and getattr(target, "quantization", None):
         # Dynamic int8 quantizes activations with one scale per forward pass, so the quantized target's
         # logits for a token depend on how many tokens share that pass (1 in plain decoding, gamma + 1 in
-        # verification). Measured: 1 of 20 greedy outputs equal to its own plain decoding.
+        # verification).
         stats.exact = False
         stats.not_exact_reason = (f"the target is dynamically quantized ({target.quantization}): its logits depend on "
                                   "how many tokens a forward pass covers, so verification is not token-identical to "
@@ -241,6 +276,6 @@ def generate(
     if hasattr(drafter, "level_stats"):
         stats.levels = drafter.level_stats()
     if drafter is not None:
-        stats.schedule = schedule.report()
-    text = stop_text if stop_text is not None else target.decode(token_ids)
-    return GenerationOutput(text, token_ids, from_draft[: len(token_ids)], list(prompt_ids), stats, config)
+        stats.schedule = run.schedule.report()
+    text = run.stop_text if run.stop_text is not None else target.decode(token_ids)
+    return GenerationOutput(text, token_ids, run.from_draft[: len(token_ids)], list(run.prompt_ids), stats, config)

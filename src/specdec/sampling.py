@@ -89,6 +89,6 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     """
     flat = probs.reshape(-1, probs.shape[-1])  # [rows, V]
     cdf = flat.double().cumsum(-1)  # [rows, V]; .double() first: cumsum(dtype=float64) is 7x slower here
-    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [rows, 1]
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]  # [rows, 1]
     index = torch.searchsorted(cdf, u, right=True).clamp_(max=flat.shape[-1] - 1)  # [rows, 1]
     return index.reshape(probs.shape[:-1])

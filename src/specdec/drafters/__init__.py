@@ -38,7 +38,7 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
     a ready :class:`Drafter`, or a list of these for hierarchical drafting: ``[M_1, M_2, ...]`` where
     each model level is accelerated by the levels after it (all but the last must be models).
     """
-    from specdec.models import LanguageModel, check_same_vocabulary, load
+    from specdec.models import LanguageModel, check_same_device, check_same_vocabulary, load
 
     if spec is None:
         return None
@@ -60,7 +60,7 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
         return spec
     if isinstance(spec, str):
         try:
-            spec = load(spec, dtype=dtype if dtype is not None else target.dtype)
+            spec = load(spec, dtype=dtype if dtype is not None else target.dtype, device=target.device)
         except SpecDecError as err:
             raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)})") from None
     model = load(spec)
@@ -71,5 +71,6 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
             f"{kinds[target.is_encoder_decoder]} model; use a draft of the same kind, or a parameter-free "
             f"draft ({', '.join(DRAFTER_NAMES)})"
         )
+    check_same_device(target, model)
     check_same_vocabulary(target, model)
     return ModelDrafter(model)

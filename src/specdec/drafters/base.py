@@ -18,14 +18,22 @@ from specdec.sampling import SamplingParams
 
 @dataclass
 class Draft:
-    """A proposal. tokens: [k] long (k may be 0); q: [k, V] float32 probabilities, or None (one-hot)."""
+    """A proposal. tokens: [k] long (k may be 0); q: [k, V] float32 probabilities, or None (one-hot).
+
+    Both live on the generation's device; a model draft's tokens never visit the host.
+    """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
 
     @staticmethod
-    def empty() -> "Draft":
-        return Draft(torch.empty(0, dtype=torch.long), None)
+    def empty(device: torch.device | str = "cpu") -> "Draft":
+        return Draft(torch.empty(0, dtype=torch.long, device=device), None)
+
+    @staticmethod
+    def from_ids(ids: Sequence[int], device: torch.device | str, q: torch.Tensor | None = None) -> "Draft":
+        """A draft of host token ids (parameter-free drafters), moved to ``device``."""
+        return Draft(torch.tensor(list(ids), dtype=torch.long).to(device, non_blocking=True), q)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -44,6 +52,8 @@ class DraftContext:
       empty for a decoder-only target, whose prompt is already part of the decoded sequence.
     stop_below: the ``confidence`` schedule: a drafter with probabilities stops proposing as soon as
       its top probability for the next token is below this value (None: never stops early).
+    device: where the target runs: proposals (tokens and q) must be on it.
+    max_positions: the most positions the generation can reach (sizes a model draft's static cache).
     """
 
     prompt_ids: Sequence[int]
@@ -53,6 +63,8 @@ class DraftContext:
     eos_token_ids: frozenset[int] = frozenset()
     source_ids: Sequence[int] = ()
     stop_below: float | None = None
+    device: torch.device = torch.device("cpu")
+    max_positions: int | None = None
 
 
 @runtime_checkable

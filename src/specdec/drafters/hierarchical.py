@@ -12,16 +12,15 @@ needs. The target then verifies them as usual: its output follows p exactly, wha
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch
 
-from specdec.acceptance import acceptance_probability, greedy_verification, speculative_sampling
+from specdec.acceptance import verify
+from specdec.devices import RoundClock
 from specdec.drafters.base import Draft, DraftContext, Drafter
 from specdec.drafters.model import ModelDrafter, fit_width
 from specdec.models import LanguageModel
-from specdec.sampling import standardize
 from specdec.stats import GenerationStats
 
 
@@ -30,7 +29,8 @@ class SpeculativeDrafter(ModelDrafter):
 
     inner_gamma: tokens ``inner`` proposes per verification by ``model``.
     ``stats`` counts this level's own verification steps (calls of ``model``, drafted/accepted tokens
-    of ``inner``, alpha between ``model`` and ``inner``, time in ``inner`` and in ``model``).
+    of ``inner``, alpha between ``model`` and ``inner``, time in ``inner`` and in ``model``). Each of
+    its rounds reads the number of accepted tokens back from the device (one sync per inner round).
     """
 
     def __init__(self, model: LanguageModel, inner: Drafter, inner_gamma: int = 4):
@@ -45,51 +45,50 @@ class SpeculativeDrafter(ModelDrafter):
         # The inner drafter sees the same random source and standardization, with M_1's width.
         self.inner.start(context)
         self.stats = GenerationStats()
+        self.clock = RoundClock(context.device)
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
         if k <= 0:
-            return Draft.empty()
+            return Draft.empty(self.context.device)
         ctx = self.context
-        greedy = ctx.sampling.greedy
-        t_start = time.perf_counter()
+        clock = self.clock
+        t_start = clock.mark()
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        prefix = list(sequence)
         while len(tokens) < k:
-            prefix = list(sequence) + tokens
             kk = k - len(tokens) - 1  # leave room for M_1's own residual/bonus token
-            t0 = time.perf_counter()
+            t0 = clock.mark()
             if kk > 0:
                 before = self.inner.forward_passes
                 inner = self.inner.propose(prefix, min(self.inner_gamma, kk))
                 self.stats.draft_calls += self.inner.forward_passes - before
             else:
-                inner = Draft.empty()
-            t1 = time.perf_counter()
+                inner = Draft.empty(ctx.device)
+            t1 = clock.mark()
             g = len(inner)
-            logits = fit_width(self.session.forward(prefix + inner.tokens.tolist(), g + 1), ctx.vocab_size)  # [g+1, V]
-            self.stats.time_draft += t1 - t0
-            self.stats.time_target += time.perf_counter() - t1
-            if greedy:
-                argmax = logits.argmax(-1)  # [g + 1]
-                new, n = greedy_verification(argmax, inner.tokens)
-                m = min(n + 1, g)
-                betas = (argmax[:m] == inner.tokens[:m]).float().tolist()
-            else:
-                p1 = standardize(logits, ctx.sampling)  # [g + 1, V]: M_1's distribution at each position
-                new, n = speculative_sampling(p1, inner.q, inner.tokens, ctx.generator)
-                m = min(n + 1, g)
-                betas = acceptance_probability(p1[:m], None if inner.q is None else inner.q[:m], inner.tokens[:m]).tolist()
-                qs.extend(p1[: n + 1])  # each emitted token was drawn from M_1's row at its position
+            pending = torch.tensor(prefix[self.session.length:], dtype=torch.long).to(ctx.device, non_blocking=True)
+            logits = self.session.extend(torch.cat([pending, inner.tokens]), g + 1)  # [g + 1, V]
+            result = verify(fit_width(logits, ctx.vocab_size), inner.tokens, inner.q, ctx.sampling, ctx.generator)
+            new, n, betas = result.read()
+            t2 = clock.mark()
+            self.session.rollback(len(prefix) + n)  # M_1 keeps the accepted inner tokens, not its own
+            if result.p is not None:
+                qs.extend(result.p[: n + 1])  # each emitted token was drawn from M_1's row at its position
+            self.stats.time_draft += clock.seconds(t0, t1)
+            self.stats.time_target += clock.seconds(t1, t2)
             self.stats.record_step(g, n, betas)
             self.inner.update(n)
-            tokens.extend(new.tolist())
-            if any(t in ctx.eos_token_ids for t in new.tolist()):
+            tokens.extend(new)
+            prefix.extend(new)
+            if any(t in ctx.eos_token_ids for t in new):
                 break  # nothing after an end-of-sequence token can be accepted
         tokens = tokens[:k]
+        self._proposed = (len(sequence), len(tokens))
         self.stats.new_tokens += len(tokens)
-        self.stats.time_total += time.perf_counter() - t_start
+        self.stats.time_total += clock.seconds(t_start, clock.mark())
         q = torch.stack(qs[: len(tokens)]) if qs else None
-        return Draft(torch.tensor(tokens, dtype=torch.long), q)
+        return Draft.from_ids(tokens, ctx.device, q)
 
     def level_stats(self) -> list[dict]:
         """Statistics of this level, then of the levels below it."""

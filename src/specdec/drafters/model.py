@@ -22,21 +22,25 @@ def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
         return x
     if have > width:
         return x[..., :width]
-    pad = torch.full((*x.shape[:-1], width - have), float("-inf"), dtype=x.dtype)
+    pad = torch.full((*x.shape[:-1], width - have), float("-inf"), dtype=x.dtype, device=x.device)
     return torch.cat([x, pad], dim=-1)
 
 
 class ModelDrafter(DrafterBase):
     """Samples gamma tokens autoregressively from a small model (Algorithm 1, lines 2-5).
 
-    Its KV cache persists across steps and is rolled back to the accepted prefix, so each step
-    costs about k single-token forward passes of the draft.
+    Its KV cache persists across steps. Between proposals it holds a prefix of the decoded sequence
+    (all of it but the last one or two tokens); :meth:`update` rolls it back to the accepted part,
+    so each step costs k single-token forward passes, the first one also feeding what the draft has
+    not seen yet (the target's token, and the last draft token when all were accepted).
+    The drafted tokens stay on the device: the next forward pass reads the sampled token directly.
     """
 
     def __init__(self, model: LanguageModel):
         self.model = model
         self.name = model.name
         self.session = None
+        self._proposed: tuple[int, int] | None = None  # (sequence length, k) of the last proposal
 
     @property
     def forward_passes(self) -> int:  # type: ignore[override]
@@ -44,25 +48,47 @@ class ModelDrafter(DrafterBase):
 
     def start(self, context: DraftContext) -> None:
         super().start(context)
-        self.session, _ = self.model.start(context.prompt_ids)
+        if self.session is not None:
+            self.session.close()
+        self.session, sequence = self.model.start(context.prompt_ids, context.max_positions)
+        self.session.prefill(sequence[:-1])  # the last token is fed by the first proposal
+        self._proposed = None
+
+    def catch_up(self, sequence: Sequence[int]) -> torch.Tensor:
+        """Feed what the cache lacks of ``sequence``; logits [V] predicting the token after it."""
+        pending = list(sequence[self.session.length:])
+        return self.session.extend(pending, 1)[0]
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
         if k <= 0:
-            return Draft.empty()
+            return Draft.empty(self.context.device)
         ctx = self.context
-        tokens: list[int] = []
+        tokens: list[torch.Tensor] = []  # [] long each, on the device
         qs: list[torch.Tensor] = []
-        for _ in range(k):
-            logits = fit_width(self.session.forward(list(sequence) + tokens, 1)[0], ctx.vocab_size)  # [V]
+        logits = self.catch_up(sequence)  # [V]
+        for i in range(k):
+            logits = fit_width(logits, ctx.vocab_size)
             if ctx.sampling.greedy:
                 if ctx.stop_below is not None and torch.softmax(logits.float(), -1).max() < ctx.stop_below:
-                    break
-                x = int(argmax(logits))
+                    break  # (a host sync: the confidence schedule only)
+                x = argmax(logits)
             else:
                 q = standardize(logits, ctx.sampling)  # [V]
                 if ctx.stop_below is not None and q.max() < ctx.stop_below:
                     break
-                x = int(sample(q, ctx.generator))
+                x = sample(q, ctx.generator)
                 qs.append(q)
             tokens.append(x)
-        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs) if qs else None)
+            if i + 1 < k:
+                logits = self.session.extend(x.reshape(1), 1)[0]  # the sampled token, straight from the device
+        self._proposed = (len(sequence), len(tokens))
+        if not tokens:
+            return Draft.empty(ctx.device)
+        return Draft(torch.stack(tokens), torch.stack(qs) if qs else None)
+
+    def update(self, n_accepted: int) -> None:
+        """Keep the sequence and the accepted draft tokens; the cache never holds the last drafted one."""
+        if self._proposed is not None:
+            length, k = self._proposed
+            self.session.rollback(length + min(n_accepted, max(k - 1, 0)))
+            self._proposed = None

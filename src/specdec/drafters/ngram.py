@@ -69,11 +69,11 @@ class NGramDrafter(DrafterBase):
             logits[ids] = torch.tensor(list(counts.values()), dtype=torch.float32).log()
         else:  # nothing observed yet: uniform
             logits.zero_()
-        return logits
+        return logits.to(self.context.device, non_blocking=True)
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
         if k <= 0:
-            return Draft.empty()
+            return Draft.empty(self.context.device)
         # Learn from the tokens added since the last proposal.
         if self.corpus_ids is None and len(sequence) > self._last_len:
             self._observe(sequence[self._last_len:], previous=sequence[self._last_len - 1] if self._last_len else None)
@@ -90,5 +90,5 @@ class NGramDrafter(DrafterBase):
             qs.append(q)
             previous = x
         if not tokens:
-            return Draft.empty()
-        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
+            return Draft.empty(ctx.device)
+        return Draft.from_ids(tokens, ctx.device, torch.stack(qs))

@@ -52,4 +52,4 @@ class PromptLookupDrafter(DrafterBase):
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
         context = [*self.context.source_ids, *sequence] if self.context.source_ids else sequence
         tokens = find_continuation(context, k, self.max_ngram, self.min_ngram)
-        return Draft(torch.tensor(tokens, dtype=torch.long), None)
+        return Draft.from_ids(tokens, self.context.device)

@@ -23,12 +23,12 @@ class RandomDrafter(DrafterBase):
     def start(self, context: DraftContext) -> None:
         super().start(context)
         n = min(self.n_tokens or context.vocab_size, context.vocab_size)
-        self._q = torch.zeros(context.vocab_size)  # [V]
+        self._q = torch.zeros(context.vocab_size, device=context.device)  # [V]
         self._q[:n] = 1.0 / n
         self._n = n
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
         if k <= 0:
-            return Draft.empty()
-        tokens = torch.randint(0, self._n, (k,), generator=self.context.generator)  # [k]
+            return Draft.empty(self.context.device)
+        tokens = torch.randint(0, self._n, (k,), generator=self.context.generator, device=self.context.device)  # [k]
         return Draft(tokens, self._q.expand(k, -1))

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
+from specdec.devices import resolve_device
 from specdec.errors import SpecDecError
 from specdec.models.causal import KVSession, LanguageModel
 
-__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "check_same_vocabulary"]
+__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "check_same_device", "check_same_vocabulary"]
 
 _DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -50,6 +51,10 @@ def load(
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
     name: str | None = None,
+    device: str | torch.device | None = None,
+    engine: str | None = None,
+    cuda_graphs: bool | None = None,
+    compile: bool = False,
 ) -> LanguageModel:
     """Load a model for specdec.
 
@@ -61,15 +66,29 @@ def load(
       - a ``transformers`` model object, with ``tokenizer=`` its tokenizer;
       - a :class:`LanguageModel` (returned as it is).
     dtype: ``"bf16"`` (default: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
-    quantize: None, or ``"int8"`` (dynamic int8 linear layers; meant for drafts: see the README).
+    quantize: None, or ``"int8"`` (dynamic int8 linear layers, CPU only; meant for drafts: see the README).
+    device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. None: auto
+      for a model loaded by name; a model object stays where it is.
+    engine, cuda_graphs, compile: how generations run (:meth:`LanguageModel.configure`); by default the
+      static cache with CUDA graphs on CUDA, the dynamic cache on CPU, not compiled.
     """
     if isinstance(source, LanguageModel):
+        if device is not None and resolve_device(device) != source.device:
+            raise SpecDecError(f"{source.name} is already loaded on {source.device}; load it again with device={device!r}")
+        if engine is not None or cuda_graphs is not None or compile:
+            source.configure(engine, cuda_graphs, compile)
         return source
+    target_device = resolve_device(device) if device is not None else None
+    if quantize is not None and (target_device or resolve_device("auto")).type != "cpu":
+        raise SpecDecError(f"quantize={quantize!r} (dynamic int8) runs on CPU only; on a GPU load the draft in bf16 "
+                           "(drop --draft-quantize / quantize=) or pass device='cpu'")
     if isinstance(source, torch.nn.Module):
         if tokenizer is None:
             raise SpecDecError("specdec.load(model) needs the model's tokenizer: specdec.load(model, tokenizer=tok)")
         model = source.to(parse_dtype(dtype)) if dtype is not None else source
-        return _wrap(model, tokenizer, name, quantize)
+        if target_device is not None:
+            model = model.to(target_device)
+        return _wrap(model, tokenizer, name, quantize, engine, cuda_graphs, compile)
     if not isinstance(source, (str, os.PathLike)):
         raise SpecDecError(f"specdec.load() takes a preset name, a path, a hub id or a transformers model, got {type(source).__name__}")
 
@@ -100,7 +119,9 @@ def load(
             f"unknown model {text!r}: not a preset, an existing path or a hub id (owner/name).{hint} "
             f"Presets: {', '.join(_preset_names())}."
         )
-    return _wrap(*_from_pretrained(folder, gguf_file, torch_dtype), name or text, quantize)
+    model, tok = _from_pretrained(folder, gguf_file, torch_dtype)
+    return _wrap(model.to(target_device or resolve_device("auto")), tok, name or text, quantize, engine, cuda_graphs,
+                 compile)
 
 
 def _from_pretrained(folder: Any, gguf_file: str | None, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -120,7 +141,8 @@ def _from_pretrained(folder: Any, gguf_file: str | None, dtype: torch.dtype) -> 
     return model, tokenizer
 
 
-def _wrap(model: Any, tokenizer: Any, name: str | None, quantize: str | None) -> LanguageModel:
+def _wrap(model: Any, tokenizer: Any, name: str | None, quantize: str | None, engine: str | None = None,
+          cuda_graphs: bool | None = None, compile: bool = False) -> LanguageModel:
     if getattr(model.config, "is_encoder_decoder", False):
         from specdec.models.seq2seq import Seq2SeqLanguageModel
 
@@ -131,7 +153,18 @@ def _wrap(model: Any, tokenizer: Any, name: str | None, quantize: str | None) ->
         from specdec.models.quantize import quantize_model
 
         quantize_model(wrapped, quantize)
+    if engine is not None or cuda_graphs is not None or compile:
+        wrapped.configure(engine, cuda_graphs, compile)
     return wrapped
+
+
+def check_same_device(target: LanguageModel, draft: LanguageModel) -> None:
+    """Target and draft must run on one device: the draft's tokens and q feed the target's verification."""
+    if target.device != draft.device:
+        raise SpecDecError(
+            f"the draft {draft.name!r} is on {draft.device} but the target {target.name!r} on {target.device}; "
+            "specdec runs both on one device: load them with the same device= (--device)"
+        )
 
 
 def check_same_vocabulary(target: LanguageModel, draft: LanguageModel) -> None:

@@ -1,12 +1,9 @@
 """Decoder-only (causal) language models behind specdec's small model interface.
 
-A :class:`LanguageModel` pairs a Hugging Face model with its tokenizer. A :class:`KVSession` holds
-one sequence's KV cache. Rollback is position bookkeeping: the session remembers which tokens its
-cache holds, and :meth:`KVSession.forward` crops the cache back to the longest common prefix with
-the sequence it is asked about before feeding the rest. No prefix is ever recomputed, and no model
-needs its own slicing code: the cache's ``crop`` does it for every architecture (Qwen2, Llama,
-Gemma 3's sliding-window layers included). The cache is preallocated (:mod:`specdec.models.kv_cache`):
-each forward pass writes its keys and values in place, and a crop only moves a length.
+A :class:`LanguageModel` pairs a Hugging Face model with its tokenizer and says how it runs: on
+which device, with which cache (``engine``: "dynamic" or "static", see :mod:`specdec.models.session`),
+with CUDA graphs or not, compiled or not. :meth:`LanguageModel.start` opens a session (one
+sequence's KV cache) on it.
 """
 
 from __future__ import annotations
@@ -17,61 +14,15 @@ from typing import Any, Sequence
 
 import torch
 
+from specdec.devices import module_device
 from specdec.errors import SpecDecError
-from specdec.models.kv_cache import preallocated_cache
+from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, compiled_step, static_step
+from specdec.models.session import DynamicSession, KVSession, ModelSession, StaticSession, common_prefix_length
+from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
 
+ENGINES = ("dynamic", "static")
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-class KVSession:
-    """The KV cache of one sequence being decoded by one model."""
-
-    def __init__(self, model: "LanguageModel"):
-        self.model = model
-        self.cache = self._new_cache()
-        self.tokens: list[int] = []  # the tokens whose keys and values are in the cache, in order
-        self.forward_passes = 0
-        self.last_pass_tokens = 0  # tokens the last forward pass computed (what its time depends on)
-
-    def _new_cache(self):
-        return preallocated_cache(self.model.hf_model.config)
-
-    def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
-        """One forward pass over the new tokens [1, m] with the cache; returns logits [1, >= n_logits, V]."""
-        return self.model.hf_model(
-            input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=n_logits
-        ).logits
-
-    def forward(self, sequence: Sequence[int], n_logits: int) -> torch.Tensor:
-        """Logits for the last ``n_logits`` positions of ``sequence``.
-
-        sequence: the whole token sequence (prompt included) as ids.
-        Returns [n_logits, V] float logits; row i predicts the token after sequence[: len - n_logits + i + 1].
-        The cache is rolled back to the common prefix and then extended to hold all of ``sequence``.
-        """
-        keep = min(common_prefix_length(self.tokens, sequence), len(sequence) - n_logits)
-        if keep < 0:
-            raise ValueError(f"asked for {n_logits} logits of a {len(sequence)}-token sequence")
-        # Crop only to remove tokens: crop(0) would also trim sliding-window layers (Gemma 3) to their
-        # window and forget the past that a later rollback may need.
-        if keep < len(self.tokens):
-            self.cache.crop(-(len(self.tokens) - keep))
-        del self.tokens[keep:]
-        new = torch.tensor([list(sequence[keep:])], dtype=torch.long)  # [1, new]
-        with torch.inference_mode():
-            logits = self._run(new, n_logits)
-        self.tokens.extend(sequence[keep:])
-        self.forward_passes += 1
-        self.last_pass_tokens = int(new.shape[1])
-        return logits[0, -n_logits:]  # [n_logits, V]
+__all__ = ["LanguageModel", "KVSession", "ModelSession", "common_prefix_length", "ENGINES"]
 
 
 class LanguageModel:
@@ -86,6 +37,33 @@ class LanguageModel:
         self.tokenizer = tokenizer
         self.quantization: str | None = None  # set by specdec.models.quantize
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
+        self.configure()
+
+    def configure(self, engine: str | None = None, cuda_graphs: bool | None = None, compile: bool = False) -> None:
+        """How generations run on this model; the defaults follow its device.
+
+        engine: "dynamic" (default on CPU: attention over exactly the filled cache) or "static"
+          (default on CUDA: position-indexed buffers, fixed-shape steps).
+        cuda_graphs: replay fixed-width steps as captured CUDA graphs (default: on CUDA with the
+          static engine; needs CUDA).
+        compile: compile the step with inductor before capturing it (CUDA graphs only): faster
+          steps, about a minute of compilation per step width and model.
+        """
+        on_cuda = self.device.type == "cuda"
+        engine = engine or ("static" if on_cuda else "dynamic")
+        if engine not in ENGINES:
+            raise SpecDecError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if cuda_graphs is None:
+            cuda_graphs = on_cuda and engine == "static"
+        if cuda_graphs and not on_cuda:
+            raise SpecDecError(f"CUDA graphs need the model on a CUDA device; {self.name} is on {self.device}")
+        if cuda_graphs and engine != "static":
+            raise SpecDecError("CUDA graphs need fixed shapes: use engine='static' with cuda_graphs=True")
+        if compile and not cuda_graphs:
+            raise SpecDecError("compile=True compiles the captured CUDA-graph steps: it needs a CUDA device")
+        self.engine, self.cuda_graphs, self.compile = engine, bool(cuda_graphs), bool(compile)
+        self._caches: list[tuple[StaticKVCache, bool]] = []  # (cache, in use): the static caches, reused
+        self._step = compiled_step() if self.compile else static_step
 
     def __repr__(self) -> str:
         return f"LanguageModel({self.name!r}, dtype={self.dtype}, params={self.num_parameters / 1e6:.0f}M)"
@@ -108,6 +86,10 @@ class LanguageModel:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.hf_model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.hf_model)
 
     @property
     def num_parameters(self) -> int:
@@ -145,6 +127,32 @@ class LanguageModel:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # -- decoding --------------------------------------------------------------------------------
-    def start(self, prompt_ids: Sequence[int]) -> tuple[KVSession, list[int]]:
-        """A fresh session and the sequence decoding starts from (for a causal LM: the prompt)."""
-        return KVSession(self), list(prompt_ids)
+    def start(self, prompt_ids: Sequence[int], max_positions: int | None = None) -> tuple[ModelSession, list[int]]:
+        """A fresh session and the sequence decoding starts from (for a causal LM: the prompt).
+
+        max_positions: the most positions the generation can reach (the static engine sizes its
+        cache by it; None: the prompt plus MIN_CAPACITY).
+        """
+        session_class = StaticSession if self.engine == "static" else DynamicSession
+        return session_class(self, max_positions), list(prompt_ids)
+
+    def acquire_cache(self, max_positions: int | None) -> StaticKVCache:
+        """A free static cache with room for max_positions plus the widest padded step (kept for reuse:
+        its captured graphs are tied to its buffers)."""
+        needed = (max_positions or MIN_CAPACITY) + MAX_GRAPH_WIDTH
+        free = [c for c, used in self._caches if not used and c.capacity >= needed]
+        if free:
+            cache = min(free, key=lambda c: c.capacity)
+        else:
+            # A cache too small for this generation is dropped with its graphs rather than kept twice.
+            self._caches = [(c, used) for c, used in self._caches if used]
+            cache = StaticKVCache(self.hf_model.config, capacity_for(needed, None), self.device, self.dtype)
+        self._caches = [(c, used or c is cache) for c, used in self._caches] + ([] if free else [(cache, True)])
+        return cache
+
+    def release_cache(self, cache: StaticKVCache) -> None:
+        self._caches = [(c, used and c is not cache) for c, used in self._caches]
+
+    def captured_step(self, cache: StaticKVCache, width: int) -> CapturedStep:
+        """The step of ``width`` tokens on ``cache``, to be captured on its first call."""
+        return CapturedStep(self._step, self.hf_model, cache, width)

@@ -22,7 +22,8 @@ class Seq2SeqSession(KVSession):
     def __init__(self, model: "Seq2SeqLanguageModel", source_ids: Sequence[int]):
         self.source_ids = list(source_ids)
         with torch.inference_mode():
-            self.encoder_outputs = model.hf_model.get_encoder()(input_ids=torch.tensor([self.source_ids]))
+            source = torch.tensor([self.source_ids], device=model.device)  # [1, S]
+            self.encoder_outputs = model.hf_model.get_encoder()(input_ids=source)
         super().__init__(model)
 
     def _new_cache(self):
@@ -46,6 +47,13 @@ class Seq2SeqLanguageModel(LanguageModel):
         self.tokenizer = tokenizer
         self.quantization = None
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
+        self.configure()
+
+    def configure(self, engine: str | None = None, cuda_graphs: bool | None = None, compile: bool = False) -> None:
+        """The encoder-decoder backend runs eagerly on its dynamic cache, on any device."""
+        if engine not in (None, "dynamic") or cuda_graphs or compile:
+            raise SpecDecError("encoder-decoder models run on the dynamic engine without CUDA graphs or compile")
+        self.engine, self.cuda_graphs, self.compile = "dynamic", False, False
 
     @property
     def max_context(self) -> int | None:
@@ -65,6 +73,6 @@ class Seq2SeqLanguageModel(LanguageModel):
             raise SpecDecError("chat=True is for decoder-only instruct models; an encoder-decoder model takes the text as it is")
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def start(self, prompt_ids: Sequence[int]) -> tuple[KVSession, list[int]]:
+    def start(self, prompt_ids: Sequence[int], max_positions: int | None = None) -> tuple[KVSession, list[int]]:
         """Encode the source once; the decoder sequence starts with the decoder start token."""
         return Seq2SeqSession(self, prompt_ids), [self.decoder_start_token_id]

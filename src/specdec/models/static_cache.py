@@ -1,0 +1,113 @@
+"""A static, position-indexed KV cache (as in gpt-fast): fixed buffers, writes at explicit positions.
+
+Each layer has one key and one value buffer [1, kv_heads, capacity, head_dim], allocated once. A
+forward pass over tokens at positions ``pos .. pos + w - 1`` writes their keys and values at exactly
+those positions, and attention reads the whole buffer through a mask that lets query position i see
+key positions j <= i (and, for a sliding-window layer, j > i - window). So:
+
+- rollback is bookkeeping only: the session forgets positions by lowering its length; the stale
+  entries stay in the buffer, are masked as the future of every later query, and are overwritten
+  by the next tokens written there;
+- every tensor shape depends only on the width w, never on the sequence length, so a step of a
+  given width can be captured once as a CUDA graph and replayed at any position
+  (:mod:`specdec.models.graphs`);
+- sliding-window layers (Gemma 3) keep every position too (the window lives in the mask), so a
+  rollback across the window needs nothing special.
+
+The cache is handed to a Hugging Face model as ``past_key_values``; the model calls
+:meth:`StaticKVCache.update` once per layer, and the masks are passed ready-made as
+``attention_mask`` so that no mask code of the model has to know this cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+MIN_CAPACITY = 1024  # positions; capacities are powers of two from here, so a model rarely re-allocates
+
+
+def capacity_for(needed: int, max_context: int | None) -> int:
+    """The buffer size for ``needed`` positions: a power of two >= MIN_CAPACITY, within the context."""
+    capacity = MIN_CAPACITY
+    while capacity < needed:
+        capacity *= 2
+    if max_context is not None and capacity > max_context >= needed:
+        capacity = max_context
+    return capacity
+
+
+def sliding_windows(config: Any) -> list[int | None]:
+    """Per layer: the sliding window (tokens) of a sliding-attention layer, None for full attention."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_layers = text.num_hidden_layers
+    types = getattr(text, "layer_types", None) or ["full_attention"] * n_layers
+    window = getattr(text, "sliding_window", None)
+    return [window if kind == "sliding_attention" and window else None for kind in types[:n_layers]]
+
+
+class StaticKVCache(Cache):
+    """Key/value buffers of one sequence for every layer, written at ``self.positions``.
+
+    positions: [w] long, the positions of the tokens of the forward pass under way (set by the
+    session before each pass, a device tensor, so a captured graph reads its current value).
+    """
+
+    is_compileable = True
+
+    def __init__(self, config: Any, capacity: int, device: torch.device, dtype: torch.dtype):
+        super().__init__(layers=[])
+        self.capacity = capacity
+        self.device = device
+        self.dtype = dtype
+        self.windows = sliding_windows(config)
+        self.keys: list[torch.Tensor | None] = [None] * len(self.windows)
+        self.values: list[torch.Tensor | None] = [None] * len(self.windows)
+        self.positions = torch.zeros(1, dtype=torch.long, device=device)  # [w]
+        self._kv_index = torch.arange(capacity, device=device)  # [C]
+        self.graphs: dict[int, Any] = {}  # width -> captured step (specdec.models.graphs), tied to these buffers
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write key_states / value_states [1, H_kv, w, D] at ``positions``; return the whole buffers."""
+        if self.keys[layer_idx] is None:  # first pass (the prefill, never captured): allocate
+            batch, heads, _, k_dim = key_states.shape
+            self.keys[layer_idx] = key_states.new_zeros(batch, heads, self.capacity, k_dim)  # [1, H_kv, C, D]
+            self.values[layer_idx] = value_states.new_zeros(batch, heads, self.capacity, value_states.shape[-1])
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.positions, key_states)
+        values.index_copy_(2, self.positions, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        # Only asked by models when no position_ids are passed; specdec always passes them.
+        raise RuntimeError("StaticKVCache is driven by explicit positions; pass position_ids")
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.capacity
+
+    def attention_masks(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Additive masks [1, 1, w, C] for queries at ``positions`` [w]: 0 where attention is allowed.
+
+        Returns {"full_attention": mask} and, for models with sliding-window layers,
+        "sliding_attention" too (the layer type names Hugging Face models index their masks by).
+        """
+        q = positions[:, None]  # [w, 1]
+        kv = self._kv_index[None, :]  # [1, C]
+        visible = kv <= q  # [w, C]
+        blocked = torch.finfo(dtype).min
+        # zeros + masked_fill: fill kernels only (no copy from the host), so the step stays capturable
+        masks = {"full_attention": torch.zeros(visible.shape, dtype=dtype, device=positions.device)
+                 .masked_fill_(~visible, blocked)[None, None]}
+        windows = {w for w in self.windows if w is not None}
+        if windows:
+            (window,) = windows  # one window size per model (Gemma 3)
+            in_window = visible & (kv > q - window)
+            masks["sliding_attention"] = (torch.zeros(visible.shape, dtype=dtype, device=positions.device)
+                                          .masked_fill_(~in_window, blocked)[None, None])
+        return masks

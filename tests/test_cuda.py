@@ -1,0 +1,92 @@
+"""On a GPU: captured CUDA graphs replay what the eager step computes, greedy speculative decoding is
+token-identical to plain decoding (fp32), and sampling follows the target's distribution.
+Skipped, with the reason, where torch.cuda.is_available() is False (CI)."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.sampling import SamplingParams
+from stats_util import chi_square_pvalue
+from tiny import load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.cuda
+
+PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
+
+
+def on_cuda(kind="llama", graphs=True, compile=False, **kwargs):
+    if kind == "gemma3":
+        hf = tiny_gemma3(sliding_window=4, eos=None).hf_model
+    else:
+        hf = tiny_model(kind, eos=None, **kwargs)
+    return specdec.load(hf, tokenizer=tiny_tokenizer(), device="cuda", engine="static", cuda_graphs=graphs,
+                        compile=compile, name=f"tiny-{kind}-cuda")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])
+def test_graph_replay_equals_the_eager_step(kind):
+    graphed = on_cuda(kind)
+    eager = specdec.load(graphed.hf_model, tokenizer=graphed.tokenizer, engine="static", cuda_graphs=False)
+    sessions = [m.start(PROMPT, 64)[0] for m in (graphed, eager)]
+    for s in sessions:
+        s.prefill(PROMPT[:-1])
+    steps = [([11, 20, 21, 22], 4, None), ([23], 1, len(PROMPT) + 1), ([30, 31], 2, None), ([40, 41, 42], 3, len(PROMPT))]
+    for tokens, n, rollback_to in steps:
+        out = [s.extend(torch.tensor(tokens, device="cuda"), n) for s in sessions]
+        torch.testing.assert_close(out[0], out[1], rtol=0, atol=0)  # the same kernels, replayed
+        if rollback_to is not None:
+            for s in sessions:
+                s.rollback(rollback_to)
+    assert sessions[0].cache.graphs  # the graphed session really replayed graphs
+
+
+def cuda_pair(kind):
+    """A tiny target and a close draft (a perturbed copy), both moved to the GPU."""
+    target = tiny_gemma3(sliding_window=4, eos=None) if kind == "gemma3" else load_tiny(kind, eos=None)
+    draft = perturbed(target, 0.05)
+    return [specdec.load(m.hf_model, tokenizer=m.tokenizer, device="cuda", name=m.name) for m in (target, draft)]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])
+def test_greedy_on_gpu_equals_plain_decoding_and_transformers(kind):
+    target, draft = cuda_pair(kind)
+    assert target.cuda_graphs and target.engine == "static"  # the CUDA defaults
+    plain = specdec.generate(target, PROMPT, max_new_tokens=40)
+    hf = target.hf_model.generate(torch.tensor([PROMPT], device="cuda"), do_sample=False, max_new_tokens=40,
+                                  min_new_tokens=40, pad_token_id=3)
+    assert plain.token_ids == hf[0, len(PROMPT):].tolist()
+    for draft_spec in (draft, "prompt-lookup", "random", [draft, "prompt-lookup"]):
+        for gamma in (1, 4, 7):
+            out = specdec.generate(target, PROMPT, draft=draft_spec, gamma=gamma, max_new_tokens=40)
+            assert out.token_ids == plain.token_ids, (draft_spec, gamma)
+
+
+def test_compiled_graphs_give_the_eager_tokens():
+    target, draft = cuda_pair("qwen2")
+    eager = specdec.load(target.hf_model, tokenizer=target.tokenizer, engine="static", cuda_graphs=False)
+    compiled = specdec.load(target.hf_model, tokenizer=target.tokenizer, compile=True)
+    draft.configure(compile=True)
+    reference = specdec.generate(eager, PROMPT, max_new_tokens=32)
+    assert specdec.generate(compiled, PROMPT, max_new_tokens=32).token_ids == reference.token_ids
+    assert specdec.generate(compiled, PROMPT, draft=draft, gamma=4, max_new_tokens=32).token_ids == reference.token_ids
+
+
+def test_sampling_on_gpu_follows_the_target():
+    V = 8
+    target_cpu = load_tiny(vocab=V, eos=None, sharp=2.0)
+    draft = perturbed(target_cpu, 1.0, seed=3)
+    target, draft = [specdec.load(m.hf_model, tokenizer=m.tokenizer, device="cuda") for m in (target_cpu, draft)]
+    sampling = SamplingParams(temperature=1.0)
+    from specdec.sampling import standardize
+
+    with torch.inference_mode():
+        p1 = standardize(target.hf_model(input_ids=torch.tensor([PROMPT], device="cuda")).logits[0, -1], sampling)
+        batch = torch.tensor([PROMPT + [x] for x in range(V)], device="cuda")
+        p2 = standardize(target.hf_model(input_ids=batch).logits[:, -1], sampling)
+    probs = (p1[:, None] * p2).flatten().cpu()
+    counts = torch.zeros(V * V)
+    for seed in range(2000):
+        out = specdec.generate(target, PROMPT, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=seed)
+        counts[out.token_ids[0] * V + out.token_ids[1]] += 1
+    assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3

@@ -1,0 +1,187 @@
+"""The engine: sessions (prefill / extend / rollback), the static position-indexed cache, verify on the
+device, and devices. CPU tests here; tests marked ``cuda`` run where a GPU is (tests/test_cuda.py)."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.acceptance import greedy_verification, speculative_sampling, verify
+from specdec.devices import resolve_device
+from specdec.models.session import DynamicSession, StaticSession
+from specdec.sampling import SamplingParams, standardize
+from tiny import load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
+
+PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
+N_NEW = 40
+
+
+def static(model):
+    """The same weights behind the static engine (a second wrapper: the caches are per wrapper)."""
+    return specdec.load(model.hf_model, tokenizer=model.tokenizer, name=f"{model.name}-static", engine="static")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+def target(request):
+    if request.param == "gemma3":
+        return tiny_gemma3(sliding_window=4, eos=None)
+    return load_tiny(request.param, eos=None)
+
+
+def fresh_logits(model, ids, n):
+    with torch.inference_mode():
+        return model.hf_model(input_ids=torch.tensor([ids])).logits[0, -n:]
+
+
+def test_static_session_rollbacks_give_the_logits_of_a_fresh_forward(target):
+    model = static(target)
+    session, seq = model.start(PROMPT, 64)
+    assert isinstance(session, StaticSession)
+    session.prefill(seq)
+    base = PROMPT
+    session.extend([20, 21, 22, 23, 24], 5)  # five drafted tokens, all rejected below
+    session.rollback(len(base))
+    session.extend([30], 1)
+    session.extend([31, 32, 33], 3)
+    session.rollback(len(base) + 2)  # keep 30, 31: rolls back across the sliding window (4) for Gemma 3
+    logits = session.extend([40, 41], 2)
+    torch.testing.assert_close(logits, fresh_logits(target, base + [30, 31, 40, 41], 2), rtol=1e-4, atol=1e-4)
+    assert session.length == len(base) + 4
+    session.close()
+
+
+def test_a_static_cache_is_reused_and_never_shared(target):
+    model = static(target)
+    a, _ = model.start(PROMPT, 64)
+    b, _ = model.start(PROMPT, 64)
+    assert a.cache is not b.cache  # two live sessions (target as its own draft) need two caches
+    cache = a.cache
+    a.close()
+    c, _ = model.start(PROMPT, 64)
+    assert c.cache is cache  # given back, taken again: its captured graphs stay valid
+    b.close()
+    c.close()
+
+
+def test_static_engine_greedy_equals_dynamic_engine_and_transformers(target):
+    model = static(target)
+    dynamic = specdec.generate(target, PROMPT, max_new_tokens=N_NEW)
+    plain = specdec.generate(model, PROMPT, max_new_tokens=N_NEW)
+    hf = target.hf_model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=N_NEW,
+                                  min_new_tokens=N_NEW, pad_token_id=3)
+    assert len(plain.token_ids) == N_NEW
+    assert plain.token_ids == dynamic.token_ids == hf[0, len(PROMPT):].tolist()
+    for name, draft in {"close": perturbed(target, 0.05), "poor": perturbed(target, 1.0, seed=7),
+                        "prompt-lookup": "prompt-lookup", "itself": model}.items():
+        draft_model = static(draft) if isinstance(draft, specdec.LanguageModel) and draft is not model else draft
+        for gamma in (1, 3, 6):
+            out = specdec.generate(model, PROMPT, draft=draft_model, gamma=gamma, max_new_tokens=N_NEW)
+            assert out.token_ids == plain.token_ids, f"{name}, gamma={gamma}"
+
+
+def test_several_rejections_in_a_row_roll_back_correctly(target):
+    model = static(target)
+    poor = static(perturbed(target, 1.0, seed=7))
+    plain = specdec.generate(model, PROMPT, max_new_tokens=N_NEW)
+    out = specdec.generate(model, PROMPT, draft=poor, gamma=4, max_new_tokens=N_NEW)
+    assert out.token_ids == plain.token_ids
+    # rounds that accepted nothing, back to back: the caches rolled back by 4 positions each time
+    origins = out.from_draft
+    runs_of_target_tokens = sum(1 for i in range(1, len(origins)) if not origins[i] and not origins[i - 1])
+    assert out.stats.accepted < out.stats.drafted / 2 and runs_of_target_tokens >= 5
+
+
+def test_adaptive_and_heuristic_schedules_on_the_static_engine(target):
+    model = static(target)
+    draft = static(perturbed(target, 0.05))
+    plain = specdec.generate(model, PROMPT, max_new_tokens=N_NEW)
+    for schedule in ("heuristic", "adaptive"):
+        out = specdec.generate(model, PROMPT, draft=draft, gamma=3, gamma_schedule=schedule, max_new_tokens=N_NEW)
+        assert out.token_ids == plain.token_ids, schedule
+
+
+def test_hierarchy_on_the_static_engine(target):
+    model = static(target)
+    middle = static(perturbed(target, 0.05))
+    plain = specdec.generate(model, PROMPT, max_new_tokens=N_NEW)
+    out = specdec.generate(model, PROMPT, draft=[middle, "prompt-lookup"], gamma=4, max_new_tokens=N_NEW)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.levels and out.stats.levels[0]["target_calls"] > 0
+
+
+# -- verify: the device-side acceptance step equals the reference functions ------------------------------
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_verify_returns_what_the_reference_functions_return(sampled, one_hot):
+    V, gamma = 11, 4
+    sampling = SamplingParams(temperature=1.0 if sampled else 0.0)
+    agreed = 0
+    for seed in range(300):
+        g = torch.Generator().manual_seed(seed)
+        logits = torch.randn(gamma + 1, V, generator=g) * 2
+        q = None if one_hot else standardize(torch.randn(gamma, V, generator=g) * 2, SamplingParams(1.0))
+        draft = torch.randint(0, V, (gamma,), generator=g)
+        if not sampled:  # make the draft right for a random prefix so every n occurs
+            draft[: seed % (gamma + 1)] = logits.argmax(-1)[: seed % (gamma + 1)]
+        result = verify(logits, draft, q, sampling, torch.Generator().manual_seed(seed))
+        tokens, n, betas = result.read()
+        if sampled:
+            ref_tokens, ref_n = speculative_sampling(standardize(logits, sampling), q, draft,
+                                                     torch.Generator().manual_seed(seed))
+        else:
+            ref_tokens, ref_n = greedy_verification(logits.argmax(-1), draft)
+        assert (tokens, n) == (ref_tokens.tolist(), ref_n), seed
+        assert len(betas) == min(n + 1, gamma)
+        agreed += n
+    assert 0 < agreed < 300 * gamma  # both acceptances and rejections were exercised
+
+
+def test_verify_with_lenience_accepts_more_and_says_so():
+    V, gamma = 7, 3
+    logits = torch.tensor([[2.0, 1.9, 0, 0, 0, 0, 0]] * (gamma + 1))
+    draft = torch.tensor([1, 1, 1])  # never the argmax, but within l = 0.5 of it
+    exact = verify(logits, draft, None, SamplingParams(0.0)).read()
+    lenient = verify(logits, draft, None, SamplingParams(0.0), lenience=0.5).read()
+    assert exact[1] == 0 and exact[0] == [0]
+    assert lenient[1] == 3 and lenient[0] == [1, 1, 1, 0]
+
+
+# -- devices ------------------------------------------------------------------------------------------------
+
+
+def test_device_names_resolve_or_fail_clearly():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(specdec.SpecDecError, match="unknown device 'tpu0'; use auto, cpu, cuda or cuda:N"):
+        resolve_device("tpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(specdec.SpecDecError, match="no CUDA GPU.*use --device cpu"):
+            resolve_device("cuda")
+
+
+def test_load_places_the_model_and_picks_the_engine():
+    model = specdec.load(tiny_model(), tokenizer=tiny_tokenizer(), device="cpu")
+    assert model.device == torch.device("cpu")
+    assert (model.engine, model.cuda_graphs) == ("dynamic", False)
+    assert isinstance(model.start(PROMPT)[0], DynamicSession)
+    with pytest.raises(specdec.SpecDecError, match="CUDA graphs need the model on a CUDA device"):
+        model.configure("static", cuda_graphs=True)
+    with pytest.raises(specdec.SpecDecError, match="engine must be one of dynamic, static"):
+        model.configure("graph")
+
+
+def test_a_draft_on_another_device_is_refused_before_any_forward_pass():
+    target = load_tiny()
+    draft = specdec.load(tiny_model().to("meta"), tokenizer=tiny_tokenizer(), name="meta-draft")
+    with pytest.raises(specdec.SpecDecError, match="the draft 'meta-draft' is on meta but the target .* on cpu"):
+        specdec.generate(target, PROMPT, draft=draft, max_new_tokens=4)
+
+
+def test_int8_quantization_is_refused_on_a_gpu_with_the_fix():
+    if torch.cuda.is_available():
+        with pytest.raises(specdec.SpecDecError, match="runs on CPU only"):
+            specdec.load(tiny_model(), tokenizer=tiny_tokenizer(), quantize="int8", device="cuda")
+    else:
+        with pytest.raises(specdec.SpecDecError, match="no CUDA GPU"):
+            specdec.load(tiny_model(), tokenizer=tiny_tokenizer(), quantize="int8", device="cuda")
