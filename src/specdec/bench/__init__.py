@@ -56,6 +56,8 @@ from specdec.bench.metrics import score
 from specdec.bench.prompts import Prompt, load_humaneval, load_jsonl
 from specdec.bench.report import compare, grid_markdown, machine_info, speedups, summarize, table, write_csv
 from specdec.bench.tasks import Task, encode_item, has_chat_template, load_task
+from specdec.bench.floor import floor_markdown, weight_floor
+from specdec.devices import Stopwatch, describe, resolve_device
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 from specdec.schedules import SCHEDULES
@@ -111,6 +113,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.csv and bench.md into DIR")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every generation (sampling only)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when available), cpu, cuda or cuda:N: every model and method runs there")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="build each preset's exact architecture with random weights (timings only, no weight "
+                             "files needed; byte-level stand-in tokenizer; alpha is meaningless): see "
+                             "specdec.models.random_weights")
+    parser.add_argument("--compile", action="store_true",
+                        help="CUDA: compile specdec's captured steps with inductor (about a minute per step width "
+                             "and model at start-up; faster steps)")
 
 
 def _methods(text: str | None, target: str) -> list[str]:
@@ -252,7 +263,11 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     """
     _validate(args)
     methods = _methods(args.methods, args.target)
-    pool = pool if pool is not None else ModelPool(args.dtype)
+    device = resolve_device(args.device)
+    if args.quantize and device.type != "cpu":
+        raise SpecDecError("--quantize (dynamic int8) runs on CPU only; drop it for --device cuda")
+    pool = pool if pool is not None else ModelPool(args.dtype, device=device, random_weights=args.random_weights,
+                                                   compile=args.compile)
     draft_override = None
     if isinstance(draft, str):
         draft_override = draft
@@ -379,6 +394,10 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
                             "set_on": "the assistant's generation_config (where transformers reads them)"}
             if any(c.method == "hf-assisted" for c in cells) else None,
         },
+        "device": describe(target.device),
+        "weights": "random (the presets' architectures; timings only)" if getattr(args, "random_weights", False)
+        else "real",
+        "floor": weight_floor(target, [m for levels in models.values() for m in levels], costs),
         "machine": {**machine_info(dtype),
                     # 1-minute load averages: well above the thread count means other work shared the CPU
                     "load_average_before": load_before[0] if load_before else None,
@@ -465,21 +484,25 @@ def _measure_temperature(args: argparse.Namespace, task: Task, prompt_ids: list[
 def forward_time(model: LanguageModel, prompt_ids: list[int], k: int, repeats: int = 5) -> float:
     """Median seconds of one cached forward pass over k new tokens at the end of ``prompt_ids``.
 
-    The prompt is prefilled once, one pass of this shape runs untimed (first-call effects), then each
-    timed pass recomputes the last k positions on the warm cache (a rollback of k, then k new tokens).
+    The prompt but its last k tokens is prefilled once, then the last k tokens are fed again and again
+    (rolled back after each pass); the first pass of this shape is untimed (first-call effects, graph
+    capture). The device is synchronized around every timed pass.
     """
     from statistics import median
 
-    session, start = model.start(prompt_ids)  # for a causal LM, start is the prompt itself
-    k = min(k, len(start))
-    session.forward(start, 1)  # prefill
-    session.forward(start, k)
+    session, start = model.start(prompt_ids, len(prompt_ids) + k + 1)  # a causal LM starts from the prompt
+    k = min(k, len(start) - 1)
+    clock = Stopwatch(model.device)
+    session.prefill(start[:-k])
+    tail = start[-k:]
     times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        session.forward(start, k)
-        times.append(time.perf_counter() - t0)
-    return median(times)
+    for i in range(repeats + 1):  # the first pass of this shape is untimed (first-call effects, graph capture)
+        t0 = clock()
+        session.extend(tail, k)
+        times.append(clock() - t0)
+        session.rollback(len(start) - k)
+    session.close()
+    return median(times[1:])
 
 
 def measure_costs(target: LanguageModel, models: dict[str, list[LanguageModel]], prompt_ids: list[int],
@@ -587,9 +610,12 @@ def main(args: argparse.Namespace) -> int:
         Path(args.json).expanduser().write_text(document + "\n", encoding="utf-8")
     if args.out:
         write_outputs(result, args.out)
+    print(f"device: {result['device']}; weights: {result['weights']}")
     print(table(result))
     print()
     print(grid_markdown(result))
+    print()
+    print(floor_markdown(result["floor"]))
     print()
     print(document, flush=True)
     return 0

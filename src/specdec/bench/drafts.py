@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from specdec.devices import resolve_device
 from specdec.drafters import DRAFTER_NAMES, DraftContext, DrafterBase, NGramDrafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
@@ -66,8 +67,12 @@ class CorpusNGramDrafter(NGramDrafter):
 class ModelPool:
     """Loads each model once. ``models`` pre-seeds it (name or ``name:quant`` -> loaded model)."""
 
-    def __init__(self, dtype: Any = None, models: dict[str, LanguageModel] | None = None):
+    def __init__(self, dtype: Any = None, models: dict[str, LanguageModel] | None = None, device: Any = None,
+                 random_weights: bool = False, compile: bool = False):
         self.dtype = dtype
+        self.device = device
+        self.random_weights = random_weights
+        self.compile = compile
         self.models: dict[str, LanguageModel] = dict(models or {})
         self.llama_cpp: Any = None  # the llama.cpp peer (a llama_cpp.Llama), loaded when a bench asks for it
 
@@ -78,7 +83,19 @@ class ModelPool:
         if key not in self.models:
             if name in DRAFTER_NAMES:
                 raise SpecDecError(f"{name!r} is a drafter, not a model")
-            self.models[key] = specdec.load(name, dtype=self.dtype, quantize=quantize)
+            if self.random_weights:
+                from specdec.models import parse_dtype
+                from specdec.models.random_weights import random_model
+
+                if quantize:
+                    raise SpecDecError("--random-weights models are not quantized; drop :int8 from the draft")
+                model = random_model(name, parse_dtype(self.dtype), resolve_device(self.device),
+                                     seed=len(self.models))
+            else:
+                model = specdec.load(name, dtype=self.dtype, quantize=quantize, device=self.device)
+            if self.compile:
+                model.configure(compile=True)
+            self.models[key] = model
         return self.models[key]
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 import specdec
+from specdec.devices import Stopwatch
 from specdec.models import LanguageModel
 from specdec.stats import GenerationStats
 
@@ -68,18 +69,19 @@ class Settings:
 Runner = Callable[[Sequence[int]], Trial]
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+def _timed(fn: Callable[[], Any], device: Any = None) -> tuple[Any, float, float]:
     """fn's result, its wall seconds and this process's CPU seconds over the call.
 
     CPU seconds / wall seconds near the torch thread count means the call had the cores to itself;
     much lower means other work shared the CPU and the timing is not to be trusted.
     """
     gc.collect()
+    clock = Stopwatch(device)
     with torch.inference_mode():
         c0 = time.process_time()
-        t0 = time.perf_counter()
+        t0 = clock()  # synchronizes a GPU first: only this call's work is timed
         result = fn()
-        seconds = time.perf_counter() - t0
+        seconds = clock() - t0
         cpu = time.process_time() - c0
     return result, seconds, cpu
 
@@ -89,7 +91,7 @@ def specdec_runner(target: LanguageModel, draft: Any, s: Settings) -> Runner:
         out, seconds, cpu = _timed(lambda: specdec.generate(
             target, list(prompt_ids), draft=draft, gamma=s.gamma, temperature=s.temperature,
             max_new_tokens=s.max_new_tokens, seed=s.seed, gamma_schedule=s.gamma_schedule, lenience=s.lenience,
-        ))
+        ), target.device)
         return Trial(list(out.token_ids), seconds, out.stats, cpu)
 
     return run
@@ -141,13 +143,14 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
     model = target.hf_model
 
     def run(prompt_ids: Sequence[int]) -> Trial:
-        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, P]
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)  # [1, P]
         attention_mask = torch.ones_like(input_ids)  # [1, P]
         if s.temperature > 0:
             torch.manual_seed(s.seed)
         extra = {"assistant_model": assistant} if assistant is not None else {}
         with assistant_settings(assistant, s.gamma) if assistant is not None else contextlib.nullcontext():
-            out, seconds, cpu = _timed(lambda: model.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra))
+            out, seconds, cpu = _timed(lambda: model.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra),
+                                       target.device)
         return Trial(out[0, input_ids.shape[1]:].tolist(), seconds, None, cpu)
 
     return run

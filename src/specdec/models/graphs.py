@@ -18,6 +18,7 @@ before the next replay.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -52,7 +53,8 @@ class CapturedStep:
         self.width = width
         self.ids = torch.zeros(1, width, dtype=torch.long, device=cache.device)  # [1, w] static input
         self.start = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static input
-        self._run = lambda: step(hf_model, cache, self.ids, self.start)
+        self.compiled = step is not static_step  # False after a fallback from a failed compilation
+        self._step, self._args = step, (hf_model, cache)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None  # [w, V] static output, overwritten by every replay
 
@@ -66,11 +68,23 @@ class CapturedStep:
         self.graph.replay()
         return self.logits[:k].clone()
 
+    def _run(self) -> torch.Tensor:
+        return self._step(*self._args, self.ids, self.start)
+
     def _capture(self) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
+            try:
+                self._run()
+            except Exception as err:  # inductor could not compile this model: capture the eager step instead
+                if not self.compiled:
+                    raise
+                warnings.warn(f"torch.compile failed for a {self.width}-token step ({type(err).__name__}: {err}); "
+                              "capturing the eager step instead", RuntimeWarning, stacklevel=2)
+                self._step, self.compiled = static_step, False
+                self._run()
+            for _ in range(WARMUP_RUNS - 1):
                 self._run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
