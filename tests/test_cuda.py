@@ -77,6 +77,7 @@ def test_compiled_graphs_give_the_eager_tokens():
 
 def test_sampling_on_gpu_follows_the_target():
     V = 8
+    prompt = [1, 3, 5, 2]  # ids inside the 8-token vocabulary
     target_cpu = load_tiny(vocab=V, eos=None, sharp=2.0)
     draft = perturbed(target_cpu, 1.0, seed=3)
     target, draft = [specdec.load(m.hf_model, tokenizer=m.tokenizer, device="cuda") for m in (target_cpu, draft)]
@@ -84,12 +85,12 @@ def test_sampling_on_gpu_follows_the_target():
     from specdec.sampling import standardize
 
     with torch.inference_mode():
-        p1 = standardize(target.hf_model(input_ids=torch.tensor([PROMPT], device="cuda")).logits[0, -1], sampling)
-        batch = torch.tensor([PROMPT + [x] for x in range(V)], device="cuda")
+        p1 = standardize(target.hf_model(input_ids=torch.tensor([prompt], device="cuda")).logits[0, -1], sampling)
+        batch = torch.tensor([prompt + [x] for x in range(V)], device="cuda")
         p2 = standardize(target.hf_model(input_ids=batch).logits[:, -1], sampling)
     probs = (p1[:, None] * p2).flatten().cpu()
     counts = torch.zeros(V * V)
     for seed in range(2000):
-        out = specdec.generate(target, PROMPT, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=seed)
+        out = specdec.generate(target, prompt, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=seed)
         counts[out.token_ids[0] * V + out.token_ids[1]] += 1
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
