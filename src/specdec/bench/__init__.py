@@ -610,11 +610,11 @@ def main(args: argparse.Namespace) -> int:
         Path(args.json).expanduser().write_text(document + "\n", encoding="utf-8")
     if args.out:
         write_outputs(result, args.out)
-    print(f"device: {result['device']}; weights: {result['weights']}")
     print(table(result))
     print()
     print(grid_markdown(result))
     print()
+    print(f"device: {result['device']}; weights: {result['weights']}")
     print(floor_markdown(result["floor"]))
     print()
     print(document, flush=True)
