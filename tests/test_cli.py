@@ -49,10 +49,12 @@ def test_model_drafts_are_int8_by_default_and_exact(capsys, model_dir):
                        "--max-new-tokens", "10", "--json")
     plain = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=10)
     assert code == 0 and json.loads(out)["token_ids"] == plain.token_ids
-    from specdec.cli import DEFAULT_DRAFT_QUANTIZE, build_parser
+    from specdec.cli import DEFAULT_DRAFT_QUANTIZE, _draft_quantization, build_parser
 
     assert DEFAULT_DRAFT_QUANTIZE == "int8"
-    assert build_parser().parse_args(["generate", "x"]).draft_quantize == "int8"
+    # int8 on CPU; none on CUDA (dynamic int8 is CPU-only); an explicit choice wins everywhere
+    assert _draft_quantization(build_parser().parse_args(["generate", "x", "--device", "cpu"])) == "int8"
+    assert _draft_quantization(build_parser().parse_args(["generate", "x", "--draft-quantize", "none"])) is None
 
 
 def test_colour_marks_draft_and_target_tokens(capsys, model_dir):
