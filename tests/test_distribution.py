@@ -82,4 +82,4 @@ def test_first_two_tokens_follow_the_target_when_every_round_drafts_several_toke
     counts = sampled_joint(model, draft, N_RUNS, max_new_tokens=5, gamma=3, temperature=1.0)
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
     out = specdec.generate(model, PROMPT, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=0)
-    assert out.stats.drafted_per_position[:3] == [out.stats.drafted_per_position[0]] * 3  # rounds drafted 3
+    assert out.stats.drafted_per_position[2] >= 1  # the first round drafted 3 tokens

@@ -84,3 +84,17 @@ def test_parameter_free_drafter_cannot_be_a_middle_level(target):
     with pytest.raises(specdec.SpecDecError, match="draft=\\[\\] is empty"):
         specdec.generate(target, PROMPT, draft=[])
     assert isinstance(make_drafter([target, "bigram"], target), SpeculativeDrafter)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lower_levels_forget_what_the_target_rejected(target, temperature):
+    # m2 is m1 itself: with correct caches M_1 accepts every token m2 proposes (p == q at that level),
+    # while the target rejects some of M_1's proposals. A level below that kept the rejected tokens
+    # in its cache would propose from a wrong context, and M_1 would reject some of its tokens.
+    m1 = perturbed(target, 0.3)
+    m2 = perturbed(target, 0.3)  # the same seed: the same weights as m1
+    out = specdec.generate(target, PROMPT, draft=[m1, m2], gamma=4, max_new_tokens=40,
+                           temperature=temperature, seed=0)
+    assert out.stats.accepted < out.stats.drafted  # the target did reject some tokens
+    level = out.stats.levels[0]
+    assert level["drafted"] > 0 and level["accepted"] == level["drafted"]

@@ -90,6 +90,25 @@ class SpeculativeDrafter(ModelDrafter):
         q = torch.stack(qs[: len(tokens)]) if qs else None
         return Draft.from_ids(tokens, ctx.device, q)
 
+    def update(self, n_accepted: int) -> None:
+        """Roll back this level, and every level below it to what the level above accepted.
+
+        The levels below were fed this level's whole proposal while it was being drafted; the part
+        that the level above rejected must leave their caches too.
+        """
+        if self._proposed is not None:
+            length, _ = self._proposed
+            self.truncate_below(length + n_accepted)
+        super().update(n_accepted)
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        self.truncate_below(length)
+
+    def truncate_below(self, length: int) -> None:
+        if isinstance(self.inner, ModelDrafter):
+            self.inner.truncate(length)
+
     def level_stats(self) -> list[dict]:
         """Statistics of this level, then of the levels below it."""
         mine = {"level": self.name, **self.stats.to_dict()}

@@ -92,3 +92,9 @@ class ModelDrafter(DrafterBase):
             length, k = self._proposed
             self.session.rollback(length + min(n_accepted, max(k - 1, 0)))
             self._proposed = None
+
+    def truncate(self, length: int) -> None:
+        """Forget cached positions from ``length`` on: a level above rejected what they held."""
+        self._proposed = None
+        if self.session is not None and self.session.length > length:
+            self.session.rollback(length)
