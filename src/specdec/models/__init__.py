@@ -98,7 +98,10 @@ def load(
             f"unknown model {text!r}: not a preset, an existing path or a hub id (owner/name).{hint} "
             f"Presets: {', '.join(_preset_names())}."
         )
-    return _wrap(*_from_pretrained(folder, gguf_file, torch_dtype), name or text, quantize)
+    started = time.perf_counter()
+    wrapped = _wrap(*_from_pretrained(folder, gguf_file, torch_dtype), name or text, quantize)
+    wrapped.load_seconds = time.perf_counter() - started
+    return wrapped
 
 
 def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: str) -> LanguageModel:

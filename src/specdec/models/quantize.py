@@ -75,13 +75,25 @@ def _dynamic_linear_cls():
     return Linear
 
 
-def save_quantized(hf, path, method: str) -> None:
-    """Write a model quantized by :func:`quantize_hf` to one safetensors file at ``path``."""
+def expand_blocks(k: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """float32 ``k * d`` with one float16 ``d`` per block of 32 along a row (exact: see presets)."""
+    rows, cols = k.shape
+    out = k.view(rows, -1, 32).to(torch.float32) * d.to(torch.float32).unsqueeze(-1)
+    return out.view(rows, cols)
+
+
+def save_quantized(hf, path, method: str, blocks: dict | None = None) -> None:
+    """Write a model quantized by :func:`quantize_hf` to one safetensors file at ``path``.
+
+    ``blocks``: ``{state key: (k, d)}`` for float tensors stored as int8 ``k`` and float16 block
+    scales ``d`` (:func:`expand_blocks` gives the float32 tensor back exactly) instead of float32.
+    """
     import json
 
     from safetensors.torch import save_file
 
     qlinear = _dynamic_linear_cls()
+    blocks = blocks or {}
     tensors: dict[str, torch.Tensor] = {}
     modules: dict[str, dict] = {}
     for name, mod in hf.named_modules():
@@ -108,7 +120,13 @@ def save_quantized(hf, path, method: str) -> None:
         if value.data_ptr() in seen:  # a tied tensor: stored once, tied again by the model on load
             continue
         seen.add(value.data_ptr())
-        tensors[key] = value.detach().contiguous()
+        if key in blocks:
+            k, d = blocks[key]
+            if not torch.equal(expand_blocks(k, d), value):
+                raise SpecDecError(f"the block form of {key} does not give its values back")
+            tensors[f"{key}.k_int8"], tensors[f"{key}.d_float16"] = k.contiguous(), d.contiguous()
+        else:
+            tensors[key] = value.detach().contiguous()
     meta = {"format": "pt", "specdec_quantization": method, _META_KEY: json.dumps(modules)}
     save_file(tensors, str(path), metadata=meta)
 
@@ -157,7 +175,15 @@ def load_quantized(folder, path, method: str):
             setattr(hf.get_submodule(parent) if parent else hf, attr, module)
             del weight, qweight
         prefixes = tuple(f"{n}." for n in modules)
-        rest = {k: f.get_tensor(k) for k in f.keys() if not k.startswith(prefixes)}
+        rest = {}
+        for key in f.keys():
+            if key.startswith(prefixes) or key.endswith(".d_float16"):
+                continue
+            if key.endswith(".k_int8"):
+                base = key[: -len(".k_int8")]
+                rest[base] = expand_blocks(f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
+            else:
+                rest[key] = f.get_tensor(key)
     for key, tensor in rest.items():  # assign: the tensors read from the file become the weights
         owner, _, attr = key.rpartition(".")
         module = hf.get_submodule(owner) if owner else hf
