@@ -27,13 +27,14 @@ def main(old_cache: str, new_cache: str) -> None:
         if (new_dir / "model.safetensors").is_file():
             with safe_open(str(new_dir / "model.safetensors"), "pt") as a, safe_open(str(old_dir / "model.safetensors"), "pt") as b:
                 assert set(a.keys()) == set(b.keys())
+                count = len(list(a.keys()))
                 bad = [k for k in sorted(a.keys()) if not torch.equal(a.get_tensor(k), b.get_tensor(k).to(torch.bfloat16))]
                 inexact = total = 0
                 for k in b.keys():
                     t = b.get_tensor(k)
                     inexact += int((t != t.to(torch.bfloat16).float()).sum())
                     total += t.numel()
-            print(f"{name}: {len(list(a.keys()))} tensors, bf16 bit-identical: {not bad} {bad[:3]}; "
+            print(f"{name}: {count} tensors, bf16 bit-identical: {not bad} {bad[:3]}; "
                   f"float32 values bf16 cannot hold: {inexact}/{total} = {inexact / total:.3f}", flush=True)
         if (new_dir / "model.int8.safetensors").is_file():
             new = load_quantized(new_dir, new_dir / "model.int8.safetensors", "int8")
