@@ -185,7 +185,8 @@ def test_join_order_and_atomic_install(monkeypatch, tmp_path):
     final = tmp_path / "cache" / "models" / "fake"
     seen = {}
 
-    def fake_convert(p, gguf_path, out, progress):
+    def fake_convert(p, gguf_path, out, progress, *, variant="bf16", base=True):
+        assert (variant, base) == ("bf16", True)
         seen["bytes"] = gguf_path.read_bytes()
         seen["parent"] = gguf_path.parent.parent
         assert not final.exists()
@@ -252,10 +253,10 @@ def test_smollm2_round_trip(monkeypatch, tmp_path):
 
     assert not list(path.glob("*.gguf")) and not list(tmp_path.rglob("*.gguf"))
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [".smollm2-135m.lock", "smollm2-135m"]
-    assert (path / "config.json").is_file() and list(path.glob("*.safetensors"))
+    assert (path / "config.json").is_file() and [p.name for p in path.glob("*.safetensors")] == ["model.safetensors"]
 
-    model = AutoModelForCausalLM.from_pretrained(path)
-    assert model.dtype == torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path)  # the bf16 file, as it runs by default
+    assert model.dtype == torch.bfloat16
     assert "quantization_config" not in model.config.to_dict()
     assert model.config.vocab_size == 49152
     assert model.generation_config.eos_token_id == [2, 0]  # <|im_end|>, <|endoftext|>

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Sequence
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -92,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON document (text, token_ids, stats) instead of streaming")
     gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                      help="colour tokens by origin: green = accepted from the draft, blue = produced by the target")
+    gen.add_argument("--verbose", "-v", action="store_true",
+                     help="also print how long loading each model took and the peak memory (standard error)")
 
     bench = sub.add_parser("bench", help="benchmark plain vs speculative decoding vs transformers' own generate")
     from specdec import bench as bench_module
@@ -195,9 +198,14 @@ def _generate(args: argparse.Namespace) -> int:
     )
     if not prompt.strip():
         raise specdec.SpecDecError("the prompt is empty; give some text to continue")
+    started = time.perf_counter()
     target = specdec.load(args.target, dtype=args.dtype, quantize=args.quantize, device=args.device,
                           compile=bool(args.compile))
+    target_seconds = time.perf_counter() - started
     draft = _load_draft(args, target)
+    load_seconds = time.perf_counter() - started
+    if args.verbose:
+        _print_load(target, target_seconds, draft, load_seconds)
     if args.json:
         out = specdec.generate(target, prompt, draft=draft, config=config)
         print(json.dumps(out.to_dict(), indent=2))
@@ -218,7 +226,31 @@ def _generate(args: argparse.Namespace) -> int:
         label = "exact" if beam.get("exact") else "APPROXIMATE (report's Algorithm 2)"
         print(f"beam search: mode {beam.get('mode')} ({label}), score {beam['score']:.4f}, "
               f"steps {beam.get('steps')}, accepted draft steps {beam.get('accepted_steps')}")
+    if args.verbose:
+        print(f"specdec: peak memory of the whole run {_peak_rss_gib():.2f} GiB (peak resident set size)",
+              file=sys.stderr)
     return 0
+
+
+def _peak_rss_gib() -> float:
+    """This process's peak resident set size (Linux and macOS), in GiB; 0 where unknown."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # bytes on macOS, KiB on Linux
+
+
+def _print_load(target, target_seconds: float, draft, load_seconds: float) -> None:
+    """--verbose: load times (conversion included on a preset's first use) and peak memory after loading."""
+    parts = [f"target {target.name} ({str(target.dtype).replace('torch.', '')}) {target_seconds:.1f} s"]
+    for d in draft if isinstance(draft, list) else [draft]:
+        seconds = getattr(d, "load_seconds", None)
+        if seconds is not None:
+            parts.append(f"draft {d.name} {seconds:.1f} s")
+    print(f"specdec: loaded in {load_seconds:.1f} s: {', '.join(parts)}; peak memory {_peak_rss_gib():.2f} GiB "
+          "(peak resident set size)", file=sys.stderr)
 
 
 def _presets() -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,8 @@ def load(
     path = Path(text).expanduser()
     gguf_file = None
     if text in _preset_names():
-        from specdec.models.presets import resolve_preset
-
-        folder = resolve_preset(text)
-        name = name or text
+        return _load_preset(text, torch_dtype, quantize, name or text, target_device or resolve_device("auto"),
+                            engine, cuda_graphs, compile)
     elif path.suffix == ".gguf":
         if not path.is_file():
             raise SpecDecError(f"GGUF file not found: {path}")
@@ -119,12 +118,44 @@ def load(
             f"unknown model {text!r}: not a preset, an existing path or a hub id (owner/name).{hint} "
             f"Presets: {', '.join(_preset_names())}."
         )
+    started = time.perf_counter()
     model, tok = _from_pretrained(folder, gguf_file, torch_dtype)
-    return _wrap(model.to(target_device or resolve_device("auto")), tok, name or text, quantize, engine, cuda_graphs,
-                 compile)
+    wrapped = _wrap(model.to(target_device or resolve_device("auto")), tok, name or text, quantize, engine,
+                    cuda_graphs, compile)
+    wrapped.load_seconds = time.perf_counter() - started
+    return wrapped
 
 
-def _from_pretrained(folder: Any, gguf_file: str | None, dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: str, device: torch.device,
+                 engine: str | None, cuda_graphs: bool | None, compile: bool) -> LanguageModel:
+    """A preset from its cached weights in the form they run in (see specdec.models.presets.VARIANTS):
+    bf16 memory-mapped from a bf16 file, fp32 (and fp16, rounded from it) from the exact float32 file,
+    int8 from the stored int8 layers (no float32 copy of them is made)."""
+    from specdec.models.presets import VARIANTS, resolve_preset
+
+    started = time.perf_counter()
+    if quantize is not None:
+        from specdec.models.quantize import check_method, load_quantized, mark_quantized
+
+        check_method(quantize)
+        folder = resolve_preset(preset, variant=quantize)
+        from transformers import AutoTokenizer
+
+        wrapped = _wrap(load_quantized(folder, folder / VARIANTS[quantize], quantize),
+                        AutoTokenizer.from_pretrained(folder), name, None, engine, cuda_graphs, compile)
+        mark_quantized(wrapped, quantize)  # (CPU only: load() refused quantize on another device)
+    else:
+        variant = "bf16" if dtype == torch.bfloat16 else "fp32"
+        folder = resolve_preset(preset, variant=variant)
+        model, tokenizer = _from_pretrained(folder, None, dtype, variant=None if variant == "bf16" else variant)
+        wrapped = _wrap(model.to(device), tokenizer, name, None, engine, cuda_graphs, compile)
+    wrapped.load_seconds = time.perf_counter() - started  # conversion included on first use
+    return wrapped
+
+
+def _from_pretrained(
+    folder: Any, gguf_file: str | None, dtype: torch.dtype, variant: str | None = None
+) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
@@ -132,6 +163,8 @@ def _from_pretrained(folder: Any, gguf_file: str | None, dtype: torch.dtype) -> 
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         config = AutoConfig.from_pretrained(folder, **kwargs)
         auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+        if variant:
+            kwargs["variant"] = variant
         model = auto.from_pretrained(folder, dtype=dtype, **kwargs)
     except OSError as err:
         raise SpecDecError(

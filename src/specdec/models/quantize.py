@@ -28,18 +28,180 @@ METHODS = {
 }
 
 
-def quantize_model(model, method: str) -> None:
-    """Quantize ``model`` (a LanguageModel) in place with ``method`` (see METHODS)."""
+def check_method(method: str) -> None:
     if method not in METHODS:
         raise SpecDecError(f"unknown quantization {method!r}; use one of: {', '.join(METHODS)}")
+
+
+def quantize_model(model, method: str) -> None:
+    """Quantize ``model`` (a LanguageModel) in place with ``method`` (see METHODS)."""
+    check_method(method)
+    quantize_hf(model.hf_model, method)
+    mark_quantized(model, method)
+
+
+def quantize_hf(hf, method: str) -> None:
+    """Quantize the linear layers of a transformers model in place (float32 first: the kernels take it)."""
+    check_method(method)
     from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
     qconfig = per_channel_dynamic_qconfig if METHODS[method] == "per-channel" else default_dynamic_qconfig
-    hf = model.hf_model
     hf.float()  # dynamic int8 kernels take float32 activations
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantize_dynamic is deprecated upstream but present in torch 2.13
         with torch.no_grad():
             quantize_dynamic(hf, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+
+
+def mark_quantized(model, method: str) -> None:
     model.quantization = method
     model.name = f"{model.name}+{method}"
+
+
+# ------------------------------------------------------------------------------------------------
+# A quantized model as a file: what the presets cache for ``quantize="int8"`` (specdec.models.presets).
+#
+# The int8 weights, their scales and zero points are stored exactly as quantize_dynamic made them from
+# the float32 weights, so loading gives the same packed weights as quantizing at load time did, without
+# a float32 copy of the linear layers on the way. Everything else (embeddings, norms, biases) is stored
+# in float32, as it runs.
+
+_META_KEY = "specdec_quantized_linears"
+
+
+def _dynamic_linear_cls():
+    from torch.ao.nn.quantized.dynamic import Linear
+
+    return Linear
+
+
+def expand_blocks(k: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """float32 ``k * d`` with one float16 ``d`` per block of 32 along a row (exact: see presets)."""
+    rows, cols = k.shape
+    out = k.view(rows, -1, 32).to(torch.float32) * d.to(torch.float32).unsqueeze(-1)
+    return out.view(rows, cols)
+
+
+def save_quantized(hf, path, method: str, blocks: dict | None = None) -> None:
+    """Write a model quantized by :func:`quantize_hf` to one safetensors file at ``path``.
+
+    ``blocks``: ``{state key: (k, d)}`` for float tensors stored as int8 ``k`` and float16 block
+    scales ``d`` (:func:`expand_blocks` gives the float32 tensor back exactly) instead of float32.
+    """
+    import json
+
+    from safetensors.torch import save_file
+
+    qlinear = _dynamic_linear_cls()
+    blocks = blocks or {}
+    tensors: dict[str, torch.Tensor] = {}
+    modules: dict[str, dict] = {}
+    for name, mod in hf.named_modules():
+        if not isinstance(mod, qlinear):
+            continue
+        weight, bias = mod._weight_bias()
+        info = {"in": mod.in_features, "out": mod.out_features, "bias": bias is not None}
+        tensors[f"{name}.weight_int8"] = weight.int_repr().contiguous()
+        if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            info["axis"] = int(weight.q_per_channel_axis())
+            tensors[f"{name}.weight_scales"] = weight.q_per_channel_scales().contiguous()
+            tensors[f"{name}.weight_zero_points"] = weight.q_per_channel_zero_points().contiguous()
+        else:
+            tensors[f"{name}.weight_scales"] = torch.tensor([weight.q_scale()], dtype=torch.float64)
+            tensors[f"{name}.weight_zero_points"] = torch.tensor([weight.q_zero_point()], dtype=torch.int64)
+        if bias is not None:
+            tensors[f"{name}.bias"] = bias.detach().contiguous()
+        modules[name] = info
+    prefixes = tuple(f"{n}." for n in modules)
+    seen: set[int] = set()
+    for key, value in hf.state_dict().items():
+        if key.startswith(prefixes) or not isinstance(value, torch.Tensor):
+            continue
+        if value.data_ptr() in seen:  # a tied tensor: stored once, tied again by the model on load
+            continue
+        seen.add(value.data_ptr())
+        if key in blocks:
+            k, d = blocks[key]
+            if not torch.equal(expand_blocks(k, d), value):
+                raise SpecDecError(f"the block form of {key} does not give its values back")
+            tensors[f"{key}.k_int8"], tensors[f"{key}.d_float16"] = k.contiguous(), d.contiguous()
+        else:
+            tensors[key] = value.detach().contiguous()
+    meta = {"format": "pt", "specdec_quantization": method, _META_KEY: json.dumps(modules)}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_quantized(folder, path, method: str):
+    """Build the transformers model in ``folder`` (config) with the quantized weights of ``path``.
+
+    The model skeleton is made without weights (``accelerate.init_empty_weights``); each linear layer
+    is then replaced by a dynamic int8 one made from the stored int8 weights, and the other tensors
+    are filled in from the file: no float32 copy of a linear layer is ever made.
+    """
+    import json
+
+    from accelerate import init_empty_weights
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    check_method(method)
+    qlinear = _dynamic_linear_cls()
+    config = AutoConfig.from_pretrained(folder)
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older transformers
+        from transformers.modeling_utils import no_init_weights
+    with init_empty_weights(include_buffers=False), no_init_weights():
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with safe_open(str(path), framework="pt") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
+        meta = f.metadata() or {}
+        if meta.get("specdec_quantization") != method:
+            raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
+        modules = json.loads(meta[_META_KEY])
+        for name, info in modules.items():
+            weight = f.get_tensor(f"{name}.weight_int8")
+            scales = f.get_tensor(f"{name}.weight_scales")
+            zero_points = f.get_tensor(f"{name}.weight_zero_points")
+            if "axis" in info:
+                qweight = torch._make_per_channel_quantized_tensor(weight, scales, zero_points, info["axis"])
+            else:
+                qweight = torch._make_per_tensor_quantized_tensor(weight, float(scales[0]), int(zero_points[0]))
+            bias = f.get_tensor(f"{name}.bias") if info["bias"] else None
+            module = qlinear(1, 1, bias_=info["bias"], dtype=torch.qint8)  # packs a 1x1 placeholder only
+            module.in_features, module.out_features = info["in"], info["out"]
+            module.set_weight_bias(qweight, bias)
+            parent, _, attr = name.rpartition(".")
+            setattr(hf.get_submodule(parent) if parent else hf, attr, module)
+            del weight, qweight
+        prefixes = tuple(f"{n}." for n in modules)
+        rest = {}
+        for key in f.keys():
+            if key.startswith(prefixes) or key.endswith(".d_float16"):
+                continue
+            if key.endswith(".k_int8"):
+                base = key[: -len(".k_int8")]
+                rest[base] = expand_blocks(f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
+            else:
+                rest[key] = f.get_tensor(key)
+    for key, tensor in rest.items():  # assign: the tensors read from the file become the weights
+        owner, _, attr = key.rpartition(".")
+        module = hf.get_submodule(owner) if owner else hf
+        if attr in module._parameters:
+            module._parameters[attr] = torch.nn.Parameter(tensor)
+        elif attr in module._buffers:
+            module._buffers[attr] = tensor
+        else:
+            raise SpecDecError(f"{path}: unexpected tensor {key}")
+    del rest
+    empty = [n for n, t in list(hf.named_parameters()) + list(hf.named_buffers()) if t.is_meta]
+    if empty and getattr(config, "tie_word_embeddings", False):
+        hf.tie_weights()
+        empty = [n for n, t in list(hf.named_parameters()) + list(hf.named_buffers()) if t.is_meta]
+    if empty:
+        raise SpecDecError(f"{path} lacks weights for: {', '.join(empty[:5])}")
+    try:
+        hf.generation_config = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        pass
+    return hf.eval()

