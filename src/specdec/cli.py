@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default=None, help="where the models run (default: specdec.load's default)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or None,
                        help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait behind the running one; more get 429 (default 16)")

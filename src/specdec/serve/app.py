@@ -109,7 +109,7 @@ def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str 
         worker.stop()
 
     def ready(request: Request) -> Served:
-        if api_key is not None:
+        if api_key:
             header = request.headers.get("authorization", "")
             token = header[7:] if header[:7].lower() == "bearer " else ""
             if not hmac.compare_digest(token.encode(), api_key.encode()):
