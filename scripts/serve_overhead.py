@@ -7,8 +7,9 @@ same models, same options, greedy.
     python scripts/serve_overhead.py -- --draft none      # options after -- go to both sides (serve's options)
 
 Direct: time from the call to the first on_tokens group (TTFT) and to the return (tokens/s = tokens / time).
-Server: time from sending the request to the first SSE event carrying tokens, and to `[DONE]`. Both run one
-warm-up request first, then run each prompt on both, alternating which goes first, so that drift in the
+Server: time from sending the request to the first SSE event carrying tokens, and to `[DONE]`. Reported: the median
+over requests of tokens/s and of TTFT (a shared machine's load spikes hit single requests), and totals. Both
+run one warm-up request first, then run each prompt on both, alternating which goes first, so that drift in the
 machine's load hits both. Prints a table, then one JSON document.
 """
 
@@ -81,6 +82,30 @@ def served(http, url: str, model: str, prompt: str, max_tokens: int) -> dict:
     return {"tokens": tokens, "ttft_s": ttft, "total_s": time.perf_counter() - t0, "text": "".join(text)}
 
 
+def summarize(rows: list[dict]) -> dict:
+    """Per side: totals, and medians over requests (robust to a spike in a shared machine's load)."""
+    def side(name: str) -> dict:
+        tokens = sum(r[name]["tokens"] for r in rows)
+        seconds = sum(r[name]["total_s"] for r in rows)
+        return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "tokens_per_s_median": statistics.median(r[name]["tokens"] / r[name]["total_s"] for r in rows),
+                "ttft_median_s": statistics.median(r[name]["ttft_s"] for r in rows)}
+
+    return {"direct": side("direct"), "server": side("server")}
+
+
+def table(result: dict) -> str:
+    d, s = result["direct"], result["server"]
+    lines = [f"{'':27s} {'tokens/s (median)':>17s} {'tokens/s (total)':>16s} {'TTFT (median)':>13s} {'requests':>8s}"]
+    for label, x in (("specdec.generate (direct)", d), ("specdec serve (HTTP, SSE)", s)):
+        lines.append(f"{label:27s} {x['tokens_per_s_median']:17.2f} {x['tokens_per_s']:16.2f} "
+                     f"{x['ttft_median_s'] * 1000:11.1f}ms {result['prompts']:8d}")
+    lines.append(f"server / direct: median tokens/s {s['tokens_per_s_median'] / d['tokens_per_s_median']:.3f}x, "
+                 f"median TTFT {(s['ttft_median_s'] - d['ttft_median_s']) * 1000:+.1f} ms; "
+                 f"same text: {result['same_text']}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny random models (tests/tiny.py) instead of the packaged pair")
@@ -88,8 +113,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="times through the prompts (default 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
     parser.add_argument("--json-out", default=None, help="also write the JSON document here")
+    parser.add_argument("--summarize", metavar="JSON", default=None,
+                        help="print the table of a document this script wrote (summaries recomputed), measure nothing")
     parser.add_argument("options", nargs="*", help="after --: specdec serve's model options, for both sides")
     args = parser.parse_args()
+    if args.summarize:
+        result = json.loads(Path(args.summarize).read_text())
+        print(table({**result, **summarize(result["rows"])}))
+        return 0
 
     import httpx
     import torch
@@ -145,12 +176,6 @@ def main() -> int:
         log.close()
         tmp.cleanup()
 
-    def summary(side: str) -> dict:
-        tokens = sum(r[side]["tokens"] for r in rows)
-        seconds = sum(r[side]["total_s"] for r in rows)
-        return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                "ttft_median_s": statistics.median(r[side]["ttft_s"] for r in rows)}
-
     result = {
         "models": {"target": serve_args.target, "draft": cli._draft_label(draft), "dtype": serve_args.dtype,
                    "gamma": gamma, "gamma_schedule": schedule},
@@ -158,20 +183,13 @@ def main() -> int:
         "cpu": {"machine": platform.machine(), "cores": os.cpu_count(),
                 "flags": sorted({f for f in ("amx_tile", "avx512_bf16", "avx2")
                                  if f in Path("/proc/cpuinfo").read_text().split()})},
-        "direct": summary("direct"), "server": summary("server"),
         "same_text": all(r["same_text"] for r in rows), "rows": rows,
     }
     for r in rows:
         for side in ("direct", "server"):
             r[side].pop("text")
-    d, s = result["direct"], result["server"]
-    print(f"{'':28s} {'tokens/s':>9s} {'TTFT median':>12s} {'tokens':>7s} {'seconds':>8s}")
-    print(f"{'specdec.generate (direct)':28s} {d['tokens_per_s']:9.2f} {d['ttft_median_s'] * 1000:10.1f}ms "
-          f"{d['tokens']:7d} {d['seconds']:8.2f}")
-    print(f"{'specdec serve (HTTP, SSE)':28s} {s['tokens_per_s']:9.2f} {s['ttft_median_s'] * 1000:10.1f}ms "
-          f"{s['tokens']:7d} {s['seconds']:8.2f}")
-    print(f"server / direct: tokens/s {s['tokens_per_s'] / d['tokens_per_s']:.3f}x, "
-          f"TTFT +{(s['ttft_median_s'] - d['ttft_median_s']) * 1000:.1f} ms; same text: {result['same_text']}")
+    result.update(summarize(rows))
+    print(table(result))
     document = json.dumps(result, indent=2)
     print(document)
     if args.json_out:
