@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Sequence
@@ -35,7 +36,8 @@ COLOUR_TARGET = "\033[1;34m"  # bold blue
 COLOUR_RESET = "\033[0m"
 
 
-def _add_generation_options(p: argparse.ArgumentParser) -> None:
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The models and how they speculate: shared by generate and serve."""
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: preset, folder, hub id or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", action="append", default=None,
                    help=f"draft: a model (preset, folder, hub id, .gguf), or prompt-lookup, bigram, unigram, random; "
@@ -58,6 +60,16 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft tokens per target call (default: with one int8 model draft, the default, start at "
                         f"{DEFAULT_GAMMA_INT8_DRAFT} and adapt; else 4, constant)")
+    p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
+                   help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
+                        "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "
+                        "given), confidence (the draft stops when unsure)")
+    p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
+    p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    _add_model_options(p)
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
@@ -65,12 +77,6 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, reported in the stats)")
     p.add_argument("--chat", action="store_true", default=None, help="wrap the prompt in the model's chat template")
-    p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
-                   help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
-                        "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "
-                        "given), confidence (the draft stops when unsure)")
-    p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
-    p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
     p.add_argument("--num-beams", type=int, default=None, help="beam width w (> 1: beam search, greedy)")
     p.add_argument("--draft-beams", type=int, default=None, help="draft beam width u >= w (exact speculative beam search)")
     p.add_argument("--beam-mode", default=None, choices=["exact", "report"],
@@ -95,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="colour tokens by origin: green = accepted from the draft, blue = produced by the target")
     gen.add_argument("--verbose", "-v", action="store_true",
                      help="also print how long loading each model took and the peak memory (standard error)")
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: completions, chat, streaming, statistics")
+    _add_model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or None,
+                       help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
+    serve.add_argument("--max-queue", type=int, default=16,
+                       help="requests that may wait behind the running one; more get 429 (default 16)")
+    serve.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds a request may take, queue included; a request may ask for less (default 600)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     bench = sub.add_parser("bench", help="benchmark plain vs speculative decoding vs transformers' own generate")
     from specdec import bench as bench_module
@@ -168,6 +186,21 @@ def _draft_quantization(args: argparse.Namespace) -> str | None:
     return None if str(method).lower() == "none" else method
 
 
+def _load_models(args: argparse.Namespace):
+    """(target, draft) as --target, --draft, --dtype, --quantize, --draft-quantize and --device say."""
+    import specdec
+
+    target = specdec.load(args.target, dtype=args.dtype, quantize=args.quantize, device=args.device,
+                          compile=bool(args.compile))
+    return target, _load_draft(args, target)
+
+
+def _draft_label(draft) -> str:
+    if draft is None:
+        return "none"
+    return " <- ".join(getattr(d, "name", str(d)) for d in (draft if isinstance(draft, list) else [draft]))
+
+
 def _default_speculation(args: argparse.Namespace) -> tuple[int | None, str | None]:
     """(gamma, gamma_schedule) to pass on; None leaves the library default (gamma 4, constant).
 
@@ -178,7 +211,7 @@ def _default_speculation(args: argparse.Namespace) -> tuple[int | None, str | No
 
     names = args.draft or [DEFAULT_DRAFT]
     one_model = len(names) == 1 and names[0].lower() != "none" and names[0] not in DRAFTER_NAMES
-    default_setup = one_model and _draft_quantization(args) == "int8" and (args.num_beams or 1) <= 1
+    default_setup = one_model and _draft_quantization(args) == "int8" and (getattr(args, "num_beams", None) or 1) <= 1
     if not default_setup or args.gamma is not None:
         return args.gamma, args.gamma_schedule
     return DEFAULT_GAMMA_INT8_DRAFT, args.gamma_schedule or DEFAULT_SCHEDULE_INT8_DRAFT
@@ -218,8 +251,7 @@ def _generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n\n")
     if colour:
         sys.stdout.write(f"{COLOUR_DRAFT}accepted from the draft{COLOUR_RESET}  {COLOUR_TARGET}produced by the target{COLOUR_RESET}\n")
-    drafts = draft if isinstance(draft, list) else [draft]
-    print(f"target {target.name}, draft {' <- '.join(getattr(d, 'name', str(d)) for d in drafts)}")
+    print(f"target {target.name}, draft {_draft_label(draft)}")
     print(out.stats.summary())
     if "beam" in out.extra:
         beam = out.extra["beam"]
@@ -253,6 +285,29 @@ def _print_load(target, target_seconds: float, draft, load_seconds: float) -> No
           "(peak resident set size)", file=sys.stderr)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from specdec import serve
+    from specdec.errors import SpecDecError
+
+    if args.max_queue < 0 or args.timeout <= 0:
+        raise SpecDecError("--max-queue must be >= 0 and --timeout > 0")
+
+    def speculation(draft: list[str] | None, gamma: int | None) -> tuple[int | None, str | None]:
+        """The defaults of _default_speculation for a request's draft and gamma (None: the command line's)."""
+        request = {"draft": draft or args.draft, "gamma": args.gamma if gamma is None else gamma}
+        return _default_speculation(argparse.Namespace(**{**vars(args), **request}))
+
+    def load() -> serve.Served:
+        target, draft = _load_models(args)
+        return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=_draft_label(draft),
+                            speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
+                            timeout=args.timeout)
+
+    serve.run(load, host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
+              log_level=args.log_level)
+    return 0
+
+
 def _presets() -> int:
     from specdec.models.presets import PRESETS
 
@@ -272,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from specdec import bench
 
             return bench.main(args)
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "presets":
             return _presets()
         if args.command == "alpha":

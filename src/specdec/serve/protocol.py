@@ -1,0 +1,292 @@
+"""The OpenAI wire format: request fields into a validated generation, results into responses and chunks.
+
+Honoured fields: ``model``, ``prompt`` (completions: a string, one-string list or token ids) or
+``messages`` (chat: the model's chat template), ``max_tokens`` (chat also ``max_completion_tokens``),
+``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream``, ``stream_options.include_usage``.
+Extra fields: ``top_k``, ``gamma`` (draft tokens per target call, constant), ``draft`` (``"none"`` for
+plain decoding, or a parameter-free drafter name), ``timeout`` (seconds, at most the server's).
+Defaults are the library's (:class:`specdec.GenerationConfig`): greedy (temperature 0) and 128 tokens,
+where OpenAI's are temperature 1 and 16 (completions) tokens. Fields that ask for what specdec does not do
+(``n`` > 1, ``best_of``, ``echo``, ``logprobs``, ``suffix``, penalties, ``logit_bias``, tools) are refused
+with 400; other unknown fields are ignored, as most OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from specdec.config import GenerationConfig
+from specdec.errors import SpecDecError
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+               405: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
+
+# field: the values that mean "not asked for"
+UNSUPPORTED = {
+    "best_of": (None, 1), "echo": (None, False), "logprobs": (None, False), "top_logprobs": (None, 0),
+    "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "tools": (None, []), "functions": (None, []),
+}
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        kind = ERROR_TYPES.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Served:
+    """What the server serves: the loaded models and the speculative defaults of the command line.
+
+    speculation(draft_names, gamma) -> (gamma, gamma_schedule): the CLI's rule (specdec.cli._default_speculation)
+    for the draft a request uses (None: the server's) and the request's gamma (None: the server's).
+    """
+
+    model_id: str
+    target: Any
+    draft: Any
+    draft_label: str
+    speculation: Callable[[list[str] | None, int | None], tuple[int | None, str | None]]
+    options: dict[str, Any]  # further GenerationConfig fields from the command line (max_gamma, confidence)
+    timeout: float
+
+    @property
+    def names(self) -> set[str]:
+        return {self.model_id, self.target.name}
+
+
+@dataclass
+class GenerationRequest:
+    chat: bool
+    prompt_ids: list[int]
+    config: GenerationConfig
+    draft: Any
+    draft_label: str
+    stream: bool
+    include_usage: bool
+    timeout: float
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise APIError(400, f"the request body is not valid JSON ({err})", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _field(body: dict, name: str, kinds: tuple[type, ...], what: str, check: Callable[[Any], bool] = lambda v: True):
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds) or not check(value):
+        raise APIError(400, f"'{name}' must be {what}, got {value!r}", param=name)
+    return value
+
+
+def _stop(body: dict) -> list[str] | None:
+    stop = body.get("stop")
+    if stop is None or isinstance(stop, str):
+        return [stop] if stop else None
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise APIError(400, f"'stop' must be a non-empty string or a list of them, got {stop!r}", param="stop")
+    return stop or None
+
+
+def _completion_prompt(body: dict, target: Any) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # ["text"] or [[ids]]: one prompt
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise APIError(400, "'prompt' is empty; give some text to continue", param="prompt")
+        return target.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < target.vocab_size]
+        if bad:
+            raise APIError(400, f"prompt token ids must be in [0, {target.vocab_size}), got {bad[:5]}", param="prompt")
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise APIError(400, "one prompt per request (specdec serves n = 1, no batches)", param="prompt")
+    if prompt is None or prompt == []:
+        raise APIError(400, "'prompt' is required and must not be empty", param="prompt")
+    raise APIError(400, f"'prompt' must be a string or a list of token ids, got {prompt!r}", param="prompt")
+
+
+def _message_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise APIError(400, f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content")
+
+
+def _chat_prompt(body: dict, target: Any) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' is required: a non-empty list of {role, content}", param="messages")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
+        turns.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
+    if not any(t["content"].strip() for t in turns):
+        raise APIError(400, "the messages are empty; give some text", param="messages")
+    if not getattr(target.tokenizer, "chat_template", None):
+        raise APIError(400, f"{target.name} has no chat template; use /v1/completions", param="messages")
+    try:
+        ids = target.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+    except Exception as err:  # the template refused the conversation (a role it does not know, ...)
+        raise APIError(400, f"the chat template refused the messages: {err}", param="messages") from None
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # BatchEncoding in recent transformers
+
+
+def _draft(body: dict, served: Served) -> tuple[Any, str, list[str] | None]:
+    """(draft for specdec.generate, its label, the draft names for the speculation rule)."""
+    from specdec.drafters import DRAFTER_NAMES
+
+    name = body.get("draft")
+    if name is None or name in ("default", served.draft_label):
+        return served.draft, served.draft_label, None
+    if name == "none":
+        return None, "none", ["none"]
+    if name in DRAFTER_NAMES:
+        return name, name, [name]
+    allowed = ", ".join(["none", "default", served.draft_label, *DRAFTER_NAMES])
+    raise APIError(400, f"'draft' must be one of {allowed}; got {name!r}", param="draft")
+
+
+def _config(options: dict[str, Any]) -> GenerationConfig:
+    try:
+        return GenerationConfig.from_options(**options)
+    except SpecDecError as err:
+        message = str(err)
+        field = message.split(" ", 1)[0]
+        param = {"max_new_tokens": "max_tokens", "max_gamma": "gamma"}.get(field, field)
+        raise APIError(400, message.replace("max_new_tokens", "max_tokens"),
+                       param=param if param in options or param == "max_tokens" else None) from None
+
+
+def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> GenerationRequest:
+    """Validate an OpenAI request body; raises :class:`APIError` (400) naming the field at fault."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise APIError(400, f"'model' is required; this server serves {served.model_id!r}", param="model")
+    if model not in served.names:
+        raise APIError(400, f"the model {model!r} is not served here; this server serves {served.model_id!r}",
+                       param="model", code="model_not_found")
+    _field(body, "n", (int,), "1 (specdec generates one completion per request)", lambda v: v == 1)
+    for name, off in UNSUPPORTED.items():
+        if body.get(name, None) not in off:
+            raise APIError(400, f"'{name}' is not supported by specdec serve", param=name)
+    stream = _field(body, "stream", (bool,), "true or false") or False
+    options = _field(body, "stream_options", (dict,), "an object") or {}
+    number = (int, float)
+    max_tokens = _field(body, "max_tokens", (int,), "an integer >= 1", lambda v: v >= 1)
+    if chat and max_tokens is None:
+        max_tokens = _field(body, "max_completion_tokens", (int,), "an integer >= 1", lambda v: v >= 1)
+    fields = dict(
+        temperature=_field(body, "temperature", number, "a number >= 0", lambda v: math.isfinite(v) and v >= 0),
+        top_p=_field(body, "top_p", number, "a number in (0, 1]", lambda v: 0 < v <= 1),
+        top_k=_field(body, "top_k", (int,), "an integer >= 1", lambda v: v >= 1),
+        seed=_field(body, "seed", (int,), "an integer"),
+        stop=_stop(body),
+        max_new_tokens=max_tokens,
+    )
+    gamma = _field(body, "gamma", (int,), "an integer >= 1", lambda v: v >= 1)
+    timeout = _field(body, "timeout", number, "a number of seconds > 0", lambda v: v > 0)
+    prompt_ids = _chat_prompt(body, served.target) if chat else _completion_prompt(body, served.target)
+
+    where = "messages" if chat else "prompt"
+    context = served.target.max_context
+    if context is not None and len(prompt_ids) >= context:
+        raise APIError(400, f"the {where} has {len(prompt_ids)} tokens but the model reads at most {context}",
+                       param=where, code="context_length_exceeded")
+    if context is not None and max_tokens is not None and len(prompt_ids) + max_tokens > context:
+        raise APIError(400, f"this model's context is {context} tokens; you asked for {len(prompt_ids)} in the "
+                            f"{where} + {max_tokens} to generate", param="max_tokens", code="context_length_exceeded")
+
+    draft, label, names = _draft(body, served)
+    gamma, schedule = served.speculation(names, gamma)
+    config = _config({**served.options, **fields, "gamma": gamma, "gamma_schedule": schedule})
+    return GenerationRequest(
+        chat=chat, prompt_ids=prompt_ids, config=config, draft=draft, draft_label=label, stream=stream,
+        include_usage=bool(options.get("include_usage")), timeout=min(timeout or served.timeout, served.timeout),
+    )
+
+
+def finish_reason(stop_reason: str) -> str:
+    return "stop" if stop_reason in ("eos", "stop") else "length"
+
+
+class Reply:
+    """The response objects of one request: the whole response, stream chunks, the usage chunk."""
+
+    def __init__(self, request: GenerationRequest, model_id: str):
+        self.chat = request.chat
+        self.label = request.draft_label
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.head = {"id": self.id, "created": int(time.time()), "model": model_id}
+
+    def _choice(self, text: str | None, finish: str | None, streaming: bool) -> dict[str, Any]:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if streaming:
+            return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                    "finish_reason": finish}
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+
+    def _object(self, streaming: bool) -> str:
+        if self.chat:
+            return "chat.completion.chunk" if streaming else "chat.completion"
+        return "text_completion"
+
+    def usage(self, out: Any) -> dict[str, int]:
+        prompt, completion = len(out.prompt_ids), len(out.token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def statistics(self, out: Any, queued_s: float) -> dict[str, Any]:
+        """The ``specdec`` object: the generation's statistics, its draft and gamma, its time in the queue."""
+        return {**out.stats.to_dict(), "draft": self.label, "gamma": out.config.gamma,
+                "gamma_schedule": out.config.gamma_schedule, "queued_s": queued_s}
+
+    def response(self, out: Any, queued_s: float) -> dict[str, Any]:
+        return {**self.head, "object": self._object(False),
+                "choices": [self._choice(out.text, finish_reason(out.stats.stop_reason), False)],
+                "usage": self.usage(out), "specdec": self.statistics(out, queued_s)}
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        """Chat streams open with the assistant's role, as OpenAI's do."""
+        if not self.chat:
+            return None
+        chunk = self.chunk("")
+        chunk["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+        return chunk
+
+    def chunk(self, text: str | None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {**self.head, "object": self._object(True), "choices": [self._choice(text, finish, True)], **extra}
+
+    def usage_chunk(self, out: Any) -> dict[str, Any]:
+        return {**self.head, "object": self._object(True), "choices": [], "usage": self.usage(out)}
+
+
+def sse(obj: dict[str, Any] | str) -> bytes:
+    """One server-sent event."""
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()

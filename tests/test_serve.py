@@ -1,0 +1,313 @@
+"""specdec serve, end to end: a real server process on 127.0.0.1 with tiny models saved to local folders,
+driven by the official openai client and by raw HTTP. Every wait is bounded in time."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+
+import specdec
+from tiny import tiny_model, tiny_tokenizer
+
+# The tiny word-level tokenizer has no chat template of its own; this one uses words of its vocabulary.
+CHAT_TEMPLATE = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+                 "{% if add_generation_prompt %}w3{% endif %}")
+PROMPTS = ["w5 w6 w7", "w10 w11", "w20 w21 w22 w23", "w40"]
+CONTEXT = 4096  # long enough for a request that is still running when the test needs it to be
+MAX_QUEUE = 15  # 16 concurrent clients fit: one running, 15 waiting
+LONG = 3000  # tokens of a request meant to be cancelled (5 to 15 ms each here: it would run for 15 s or more)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _save(folder, seed: int) -> str:
+    model = tiny_model(eos=None, seed=seed)  # no EOS: every generation runs to max_tokens
+    model.config.max_position_embeddings = CONTEXT
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def wait_until(condition, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    target, draft = _save(root / "target", 0), _save(root / "draft", 1)
+    port = _free_port()
+    # One thread: tiny models gain nothing from more, and two processes spinning on two shared cores ran 10x slower.
+    env = {**{k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}, "OMP_NUM_THREADS": "1"}
+    log = open(root / "server.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec.cli", "serve", "--target", target, "--draft", draft, "--dtype", "fp32",
+         "--port", str(port), "--max-queue", str(MAX_QUEUE), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.poll() is None, f"the server exited: {open(root / 'server.log').read()}"
+        try:
+            return httpx.get(url + "/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(ready, 120, "the server to load the models")
+        yield SimpleNamespace(url=url, model=target, target=specdec.load(target, dtype="fp32"), log=root / "server.log")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    """specdec.generate's output on the same model: plain decoding, greedy unless options say otherwise."""
+    @functools.lru_cache(maxsize=None)
+    def generate(prompt: str, n: int, **options):
+        return specdec.generate(server.target, prompt, max_new_tokens=n, **options)
+
+    return lambda prompt, n, **options: generate(prompt, n, **{k: tuple(v) if isinstance(v, list) else v
+                                                                 for k, v in options.items()})
+
+
+def health(server) -> dict:
+    return httpx.get(server.url + "/health", timeout=5).json()
+
+
+def post(server, path: str, body, timeout: float = 60) -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(server.url + path, content=body, timeout=timeout)
+    return httpx.post(server.url + path, json=body, timeout=timeout)
+
+
+def test_health_and_models(server, client):
+    doc = health(server)
+    assert doc["status"] == "ready" and doc["model"] == server.model and doc["max_queue"] == MAX_QUEUE
+    assert doc["draft"] != "none"  # the model draft of --draft
+    assert [m.id for m in client.models.list().data] == [server.model]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_completions_equal_generate(server, client, reference, prompt):
+    ref = reference(prompt, 12)
+    out = client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0)
+    assert out.choices[0].text == ref.text and out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ref.prompt_ids), 12)
+    stats = out.model_extra["specdec"]
+    assert stats["exact"] and stats["new_tokens"] == 12 and stats["gamma_schedule"] == "adaptive"  # the CLI default
+    assert 1 <= stats["target_calls"] <= 12 and 0 <= stats["accepted"] <= stats["drafted"]
+
+    chunks = list(client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == ref.text
+    assert [c.choices[0].finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    groups = [c.model_extra["specdec"] for c in chunks[:-1]]  # one event per accepted group of tokens
+    final = chunks[-1].model_extra["specdec"]
+    assert sum(g["tokens"] for g in groups) == 12 and sum(g["from_draft"] for g in groups) == final["accepted"]
+
+
+@pytest.mark.parametrize("content", ["w5 w6 w7", "w30 w31"])
+def test_chat_equals_generate(server, client, reference, content):
+    ref = reference(content, 10, chat=True)
+    messages = [{"role": "user", "content": content}]
+    out = client.chat.completions.create(model=server.model, messages=messages, max_tokens=10, temperature=0)
+    assert out.choices[0].message.content == ref.text and out.choices[0].message.role == "assistant"
+    assert out.usage.prompt_tokens == len(ref.prompt_ids) and out.usage.completion_tokens == 10
+
+    chunks = list(client.chat.completions.create(model=server.model, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_stop_strings_never_stream_past_the_stop(server, client, reference):
+    words = reference(PROMPTS[2], 12).text.split()
+    # a stop string that ends the text, and one whose beginning appears (held back, then released)
+    for stop, finish in ((" " + words[4], "stop"), (words[4] + " w999", "length")):
+        ref = reference(PROMPTS[2], 12, stop=[stop])
+        chunks = list(client.completions.create(model=server.model, prompt=PROMPTS[2], max_tokens=12,
+                                                temperature=0, stop=[stop], stream=True))
+        texts = [c.choices[0].text for c in chunks]
+        assert "".join(texts) == ref.text and chunks[-1].choices[0].finish_reason == finish
+        assert all(stop not in "".join(texts[: i + 1]) for i in range(len(texts)))
+        out = client.completions.create(model=server.model, prompt=PROMPTS[2], max_tokens=12, stop=stop)
+        assert out.choices[0].text == ref.text and out.choices[0].finish_reason == finish
+
+
+def test_per_request_draft_gamma_and_sampling(server, client, reference):
+    ref = reference(PROMPTS[0], 10)
+    plain = client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=10, extra_body={"draft": "none"})
+    stats = plain.model_extra["specdec"]
+    assert plain.choices[0].text == ref.text
+    assert stats["draft"] == "none" and stats["drafted"] == 0 and stats["target_calls"] == 10
+    chunks = list(client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=10, stream=True,
+                                            extra_body={"draft": "none"}))
+    assert [c.model_extra["specdec"]["tokens"] for c in chunks[:-1]] == [1] * 10  # plain decoding: one per group
+
+    fixed = client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=10, extra_body={"gamma": 2})
+    stats = fixed.model_extra["specdec"]
+    assert fixed.choices[0].text == ref.text and (stats["gamma"], stats["gamma_schedule"]) == (2, "constant")
+    lookup = client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=10,
+                                       extra_body={"draft": "prompt-lookup"})
+    assert lookup.choices[0].text == ref.text and lookup.model_extra["specdec"]["draft"] == "prompt-lookup"
+
+    # temperature, top_p, top_k and seed reach the generation: seeded sampling repeats specdec.generate's
+    sampled = reference(PROMPTS[1], 10, temperature=0.9, top_p=0.9, top_k=20, seed=7)
+    for _ in range(2):
+        out = client.completions.create(model=server.model, prompt=PROMPTS[1], max_tokens=10, temperature=0.9,
+                                        top_p=0.9, seed=7, extra_body={"draft": "none", "top_k": 20})
+        assert out.choices[0].text == sampled.text and out.model_extra["specdec"]["seed"] == 7
+
+
+def test_sixteen_concurrent_streams(server, client, reference):
+    def stream(i: int) -> tuple[str, str]:
+        prompt, n = PROMPTS[i % len(PROMPTS)], 4 + i % 5
+        chunks = client.completions.create(model=server.model, prompt=prompt, max_tokens=n, stream=True)
+        return "".join(c.choices[0].text for c in chunks), reference(prompt, n).text
+
+    for i in range(len(PROMPTS) * 5):  # references first: the test process computes them one at a time
+        reference(PROMPTS[i % len(PROMPTS)], 4 + i % 5)
+    with ThreadPoolExecutor(16) as pool:
+        results = [f.result(timeout=120) for f in [pool.submit(stream, i) for i in range(16)]]
+    assert all(got == want for got, want in results)
+    assert health(server)["rejected"] == 0
+
+
+def test_full_queue_answers_429_and_a_disconnecting_client_stops_only_itself(server, reference):
+    body = {"model": server.model, "prompt": PROMPTS[0], "max_tokens": LONG, "draft": "none", "stream": True}
+    cancelled = health(server)["cancelled"]
+    with ThreadPoolExecutor(MAX_QUEUE) as pool, httpx.Client(timeout=30) as http:
+        with http.stream("POST", server.url + "/v1/completions", json=body) as long:
+            assert long.status_code == 200
+            lines = long.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # it runs
+            waiting = [pool.submit(post, server, "/v1/completions",
+                                   {"model": server.model, "prompt": PROMPTS[i % 4], "max_tokens": 4 + i % 3})
+                       for i in range(MAX_QUEUE)]
+            wait_until(lambda: health(server)["waiting"] == MAX_QUEUE, 30, "the queue to fill")
+            full = post(server, "/v1/completions", {"model": server.model, "prompt": "w1", "max_tokens": 2})
+            assert full.status_code == 429 and int(full.headers["retry-after"]) >= 1
+            assert full.json()["error"]["code"] == "queue_full" and health(server)["running"] == 1
+        # the long stream is closed here: its client disconnected, the waiting requests go on
+        answers = [f.result(timeout=90) for f in waiting]
+    for i, answer in enumerate(answers):
+        assert answer.status_code == 200
+        assert answer.json()["choices"][0]["text"] == reference(PROMPTS[i % 4], 4 + i % 3).text
+    doc = wait_until(lambda: (d := health(server))["running"] == 0 and d, 10, "the worker to be idle")
+    assert doc["waiting"] == 0 and doc["cancelled"] == cancelled + 1
+
+
+def test_a_non_streaming_client_that_leaves_cancels_its_generation(server):
+    cancelled = health(server)["cancelled"]
+    body = {"model": server.model, "prompt": PROMPTS[0], "max_tokens": LONG, "draft": "none"}
+    with pytest.raises(httpx.ReadTimeout):
+        post(server, "/v1/completions", body, timeout=1.0)
+    doc = wait_until(lambda: (d := health(server))["cancelled"] > cancelled and d, 10, "the generation to stop")
+    assert doc["running"] == 0
+
+
+def test_timeout(server, client):
+    body = {"model": server.model, "prompt": PROMPTS[0], "max_tokens": LONG, "draft": "none", "timeout": 0.5}
+    answer = post(server, "/v1/completions", body)
+    assert answer.status_code == 504 and answer.json()["error"]["code"] == "timeout"
+    with pytest.raises(openai.APIError, match="timeout"):  # streaming: an error event, then [DONE]
+        list(client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=LONG, stream=True,
+                                       extra_body={"draft": "none", "timeout": 0.5}))
+    wait_until(lambda: health(server)["running"] == 0, 10, "the worker to be idle")
+
+
+M = "{model}"  # replaced by the served model's name
+BAD = [
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", {"prompt": "w1"}, 400, "model"),
+    ("/v1/completions", {"model": "gpt-4o", "prompt": "w1"}, 400, "model"),
+    ("/v1/completions", {"model": M}, 400, "prompt"),
+    ("/v1/completions", {"model": M, "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": M, "prompt": "   "}, 400, "prompt"),
+    ("/v1/completions", {"model": M, "prompt": ["w1", "w2"]}, 400, "prompt"),
+    ("/v1/completions", {"model": M, "prompt": [5, 100000]}, 400, "prompt"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "temperature": -0.5}, 400, "temperature"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "top_k": 0}, 400, "top_k"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "max_tokens": CONTEXT}, 400, "max_tokens"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "n": 2}, 400, "n"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "seed": 1.5}, 400, "seed"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "gamma": 0}, 400, "gamma"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "draft": "gpt2"}, 400, "draft"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "timeout": -1}, 400, "timeout"),
+    ("/v1/chat/completions", {"model": M}, 400, "messages"),
+    ("/v1/chat/completions", {"model": M, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": ""}]}, 400, "messages"),
+    ("/v1/chat/completions", {"model": M, "messages": [{"content": "w1"}]}, 400, "messages[0]"),
+    ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     400, "messages[0].content"),
+    ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "w1"}], "max_tokens": -3},
+     400, "max_tokens"),
+    ("/v1/nowhere", {}, 404, None),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param", BAD, ids=[f"{i}-{case[3]}" for i, case in enumerate(BAD)])
+def test_bad_requests_answer_an_error_object(server, path, body, status, param):
+    if isinstance(body, dict):
+        body = {k: server.model if v == M else v for k, v in body.items()}
+    answer = post(server, path, body)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
+    assert error["type"] == "invalid_request_error" and "Traceback" not in answer.text
+    assert health(server)["status"] == "ready"
+
+
+def test_the_server_answers_after_bad_requests(server, client, reference):
+    assert httpx.get(server.url + "/v1/completions", timeout=5).status_code == 405
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=server.model, prompt="w1", temperature=-1)
+    assert err.value.body["param"] == "temperature"
+    out = client.completions.create(model=server.model, prompt=PROMPTS[3], max_tokens=5)
+    assert out.choices[0].text == reference(PROMPTS[3], 5).text
+    assert "Traceback" not in server.log.read_text()
