@@ -94,3 +94,18 @@ def test_sampling_on_gpu_follows_the_target():
         out = specdec.generate(target, prompt, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=seed)
         counts[out.token_ids[0] * V + out.token_ids[1]] += 1
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
+
+
+def test_beam_search_on_gpu_equals_transformers_and_speculative_equals_plain():
+    from specdec.beam import beam_search
+
+    target, draft = cuda_pair("llama")
+    hf = target.hf_model.generate(torch.tensor([PROMPT], device="cuda"), do_sample=False, num_beams=3,
+                                  max_new_tokens=16, min_new_tokens=16, pad_token_id=3)
+    plain = beam_search(target, PROMPT, num_beams=3, max_new_tokens=16)
+    assert plain.token_ids == hf[0, len(PROMPT):].tolist()
+    for spec in (draft, "bigram"):
+        out = beam_search(target, PROMPT, num_beams=3, max_new_tokens=16, draft=spec, draft_beams=4, gamma=3)
+        assert out.token_ids == plain.token_ids, spec
+    report = beam_search(target, PROMPT, num_beams=2, max_new_tokens=16, draft=draft, gamma=3, mode="report", seed=0)
+    assert len(report.token_ids) == 16 and not report.stats["exact"]

@@ -41,7 +41,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -50,6 +49,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from specdec.acceptance import speculative_sampling
+from specdec.devices import Stopwatch, new_generator
 from specdec.drafters.model import fit_width
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, check_same_vocabulary
@@ -94,13 +94,13 @@ class _BatchKV:
             cache = DynamicCache(config=model.hf_model.config)
             cache.activate_past_recording()  # sliding-window layers keep their past until crop()
         self.cache = cache
-        self.tokens = tokens if tokens is not None else torch.empty(1, 0, dtype=torch.long)  # [R, Lc] cached ids
+        self.tokens = tokens if tokens is not None else torch.empty(1, 0, dtype=torch.long, device=model.device)  # [R, Lc]
 
     def reuse(self, seqs: torch.Tensor, n_logits: int) -> tuple[torch.Tensor, int]:
         """For seqs [B, L]: the cached row each continues from [B], and how many positions to keep."""
         m = min(seqs.shape[1], self.tokens.shape[1])
         if m == 0:
-            return torch.zeros(seqs.shape[0], dtype=torch.long), 0
+            return torch.zeros(seqs.shape[0], dtype=torch.long, device=seqs.device), 0
         same = seqs[:, None, :m] == self.tokens[None, :, :m]  # [B, R, m]
         lcp = same.long().cumprod(-1).sum(-1)  # [B, R]
         best, rows = lcp.max(-1)  # [B], [B]
@@ -141,17 +141,18 @@ class _BeamState:
                  early_stopping: bool | str):
         w, n = num_beams, max_new_tokens
         self.w, self.n, self.eos = w, n, eos
+        dev = eos.device  # everything lives where the target runs
         self.length_penalty, self.early_stopping = length_penalty, early_stopping
         self.keep = max(2, 1 + eos.numel()) * w  # candidates per step: enough that w survive any EOS
-        self.top_mask = torch.arange(self.keep) < w  # [K]: only the best w candidates may finish
-        self.run_tokens = torch.full((w, n), -1, dtype=torch.long)  # [w, N] generated tokens
-        self.run_scores = torch.zeros(w)  # [w] summed log-probabilities
+        self.top_mask = torch.arange(self.keep, device=dev) < w  # [K]: only the best w candidates may finish
+        self.run_tokens = torch.full((w, n), -1, dtype=torch.long, device=dev)  # [w, N] generated tokens
+        self.run_scores = torch.zeros(w, device=dev)  # [w] summed log-probabilities
         self.run_scores[1:] = _NEG  # the w initial beams are one prompt: only the first one expands
-        self.fin_tokens = torch.full((w, n), -1, dtype=torch.long)  # [w, N]
-        self.fin_scores = torch.full((w,), _NEG)  # [w] length-penalised
-        self.fin_lengths = torch.zeros(w, dtype=torch.long)  # [w]
-        self.fin_done = torch.zeros(w, dtype=torch.bool)  # [w] slot holds a real hypothesis
-        self.improvable = torch.tensor(True)  # transformers' is_early_stop_heuristic_unsatisfied
+        self.fin_tokens = torch.full((w, n), -1, dtype=torch.long, device=dev)  # [w, N]
+        self.fin_scores = torch.full((w,), _NEG, device=dev)  # [w] length-penalised
+        self.fin_lengths = torch.zeros(w, dtype=torch.long, device=dev)  # [w]
+        self.fin_done = torch.zeros(w, dtype=torch.bool, device=dev)  # [w] slot holds a real hypothesis
+        self.improvable = torch.tensor(True, device=dev)  # transformers' is_early_stop_heuristic_unsatisfied
         self.cur = 0  # tokens generated so far by every running beam
         self.done = False
 
@@ -187,7 +188,7 @@ class _BeamState:
         merged = torch.topk(torch.cat([self.fin_scores, scores]), k=w)[1]  # [w]
         self.fin_tokens = torch.cat([self.fin_tokens, top_tokens])[merged]
         self.fin_scores = torch.cat([self.fin_scores, scores])[merged]
-        self.fin_lengths = torch.cat([self.fin_lengths, torch.full((self.keep,), self.cur + 1)])[merged]
+        self.fin_lengths = torch.cat([self.fin_lengths, torch.full((self.keep,), self.cur + 1, device=self.eos.device)])[merged]
         self.fin_done = torch.cat([self.fin_done, just])[merged]
         self.cur += 1
         # early stopping heuristic: can the best running beam still beat the worst finished one?
@@ -246,12 +247,14 @@ class _ProbabilityDraft:
 
     BACKOFF = 0.1
 
-    def __init__(self, drafter: Any, vocab_size: int, eos: set[int], generator: torch.Generator):
+    def __init__(self, drafter: Any, vocab_size: int, eos: set[int], generator: torch.Generator,
+                 device: torch.device):
         from specdec.drafters import DraftContext, NGramDrafter
 
         self.drafter, self.vocab_size, self.generator = drafter, vocab_size, generator
         self.is_ngram = isinstance(drafter, NGramDrafter)
         self.eos = frozenset(eos)
+        self.device = device
         self._context = DraftContext
         self.calls = 0
 
@@ -261,7 +264,8 @@ class _ProbabilityDraft:
 
     def start(self, prompt: torch.Tensor) -> None:
         sampling = SamplingParams(temperature=1.0)  # q is then the drafter's full distribution
-        self.drafter.start(self._context(prompt.tolist(), sampling, self.generator, self.vocab_size, self.eos))
+        self.drafter.start(self._context(prompt.tolist(), sampling, self.generator, self.vocab_size, self.eos,
+                                         device=self.device))
 
     def begin_round(self) -> None:
         return None
@@ -269,9 +273,9 @@ class _ProbabilityDraft:
     def _normalised(self, counts: dict[int, int]) -> torch.Tensor | None:
         if not counts:
             return None
-        q = torch.zeros(self.vocab_size)
-        ids = torch.tensor(list(counts.keys()), dtype=torch.long)
-        q[ids] = torch.tensor(list(counts.values()), dtype=torch.float32)
+        q = torch.zeros(self.vocab_size, device=self.device)
+        ids = torch.tensor(list(counts.keys()), dtype=torch.long, device=self.device)
+        q[ids] = torch.tensor(list(counts.values()), dtype=torch.float32, device=self.device)
         return q / q.sum()
 
     def _ngram_q(self, previous: int) -> torch.Tensor:
@@ -284,10 +288,13 @@ class _ProbabilityDraft:
         unigram = self._normalised(dict(d.unigram))
         bigram = self._normalised(d.counts_after(previous)) if d.order == 2 else None
         if bigram is None and unigram is None:
-            return torch.full((self.vocab_size,), 1.0 / self.vocab_size)
+            return self._uniform()
         if bigram is None or unigram is None:
             return bigram if unigram is None else unigram
         return (1.0 - self.BACKOFF) * bigram + self.BACKOFF * unigram
+
+    def _uniform(self) -> torch.Tensor:
+        return torch.full((self.vocab_size,), 1.0 / self.vocab_size, device=self.device)
 
     def log_q(self, seqs: torch.Tensor) -> torch.Tensor:
         rows = []
@@ -303,7 +310,7 @@ class _ProbabilityDraft:
                     f"the draft {getattr(self.drafter, 'name', self.drafter)!r} gives no probabilities, which exact "
                     "speculative beam search needs; use a model, 'bigram' or 'unigram' (or beam_mode='report')"
                 )
-            rows.append(draft.q[0] if len(draft) else torch.full((self.vocab_size,), 1.0 / self.vocab_size))
+            rows.append(draft.q[0] if len(draft) else self._uniform())
         return torch.stack(rows).clamp_min(0.0).log()  # [n, V]
 
     def end_round(self, running: torch.Tensor) -> None:
@@ -397,7 +404,8 @@ def beam_search(
     _validate(num_beams, draft_beams, gamma, mode, max_new_tokens, length_penalty, early_stopping)
     if target.is_encoder_decoder:
         raise SpecDecError("beam search supports decoder-only targets; this target is an encoder-decoder model")
-    prompt = torch.tensor([int(t) for t in prompt_ids], dtype=torch.long)  # [P]
+    device = target.device
+    prompt = torch.tensor([int(t) for t in prompt_ids], dtype=torch.long, device=device)  # [P]
     if prompt.numel() == 0:
         raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
     eos = set(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
@@ -410,7 +418,8 @@ def beam_search(
                 "shorten the prompt"
             )
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
-    generator = torch.Generator().manual_seed(seed)
+    generator = new_generator(device, seed)
+    clock = Stopwatch(device)
     kind, draft_obj = _make_draft(draft, target, mode)
 
     stats: dict[str, Any] = {
@@ -434,18 +443,18 @@ def beam_search(
     stats["accepted_steps"] = 0 if exact else None  # exact: beam steps computed from those levels
     stats["drafted_tokens"] = None if exact else 0  # report: tokens drafted over all sampling chains
     stats["accepted_tokens"] = None if exact else 0  # report: of which accepted
-    t_start = time.perf_counter()
+    t_start = clock()
     with torch.inference_mode():
         if mode == "report":
             tokens, score = _report_beam_search(
-                target, prompt, num_beams, limit, kind, draft_obj, gamma, length_penalty, eos, generator, stats
+                target, prompt, num_beams, limit, kind, draft_obj, gamma, length_penalty, eos, generator, stats, clock
             )
         else:
             tokens, score = _exact_beam_search(
                 target, prompt, num_beams, draft_beams or num_beams, limit, kind, draft_obj, gamma,
-                length_penalty, early_stopping, eos, generator, stats,
+                length_penalty, early_stopping, eos, generator, stats, clock,
             )
-    stats["time_total_s"] = time.perf_counter() - t_start
+    stats["time_total_s"] = clock() - t_start
     stats["new_tokens"] = len(tokens)
     drafted, accepted = ("drafted_steps", "accepted_steps") if exact else ("drafted_tokens", "accepted_tokens")
     stats["acceptance_rate"] = stats[accepted] / stats[drafted] if stats[drafted] else None
@@ -458,15 +467,15 @@ def beam_search(
 
 
 def _exact_beam_search(target, prompt, w, u, limit, kind, draft_obj, gamma, length_penalty, early_stopping,
-                       eos, generator, stats) -> tuple[list[int], float]:
+                       eos, generator, stats, clock) -> tuple[list[int], float]:
     vocab = target.vocab_size
-    eos_t = torch.tensor(sorted(eos), dtype=torch.long)
+    eos_t = torch.tensor(sorted(eos), dtype=torch.long, device=prompt.device)
     state = _BeamState(w, limit, eos_t, length_penalty, early_stopping)
 
     def target_forward(kv: _BatchKV, seqs: torch.Tensor, n_logits: int):
-        t0 = time.perf_counter()
+        t0 = clock()
         kv, logits = kv.forward(seqs, n_logits)
-        stats["time_target_s"] += time.perf_counter() - t0
+        stats["time_target_s"] += clock() - t0
         stats["target_calls"] += 1
         stats["target_positions"] += kv.fed
         return kv, logits.float()
@@ -480,10 +489,10 @@ def _exact_beam_search(target, prompt, w, u, limit, kind, draft_obj, gamma, leng
         if kind == "model":
             draft = _ModelDraft(draft_obj, vocab)
         else:
-            draft = _ProbabilityDraft(draft_obj, vocab, eos, generator)
-        t0 = time.perf_counter()
+            draft = _ProbabilityDraft(draft_obj, vocab, eos, generator, prompt.device)
+        t0 = clock()
         draft.start(prompt)  # a draft model prefills the prompt once too
-        stats["time_draft_s"] += time.perf_counter() - t0
+        stats["time_draft_s"] += clock() - t0
         stats["draft_calls"] += draft.calls
 
     while not state.done:
@@ -494,19 +503,19 @@ def _exact_beam_search(target, prompt, w, u, limit, kind, draft_obj, gamma, leng
             state.step(F.log_softmax(logits[:, -1], dim=-1))
             continue
         # 1. the draft's own beam search of width u for g steps, from the target's running beams
-        t0 = time.perf_counter()
+        t0 = clock()
         draft.begin_round()
         calls_before = draft.calls
         levels = _draft_tree(draft, roots, state.run_scores.clone(), u, g, eos_t, vocab)
         stats["draft_calls"] += draft.calls - calls_before
-        stats["time_draft_s"] += time.perf_counter() - t0
+        stats["time_draft_s"] += clock() - t0
         # 2. one target pass over every root-to-leaf path of the tree
         paths, where = _tree_paths(roots, levels)
         tkv, logits = target_forward(tkv, paths, g + 1)  # [B, g + 1, V]
         stats["rounds"] += 1
         stats["drafted_steps"] += g
         # 3. target beam steps while its running beams are nodes of the tree
-        nodes = torch.arange(w)  # the running beams' nodes at the current level
+        nodes = torch.arange(w, device=prompt.device)  # the running beams' nodes at the current level
         for level in range(g + 1):
             parents = state.step(F.log_softmax(logits[where[level][nodes], level], dim=-1))
             stats["accepted_steps"] += 1 if level > 0 else 0
@@ -520,9 +529,9 @@ def _exact_beam_search(target, prompt, w, u, limit, kind, draft_obj, gamma, leng
                 break
             nodes = found
         if not state.done:
-            t0 = time.perf_counter()
+            t0 = clock()
             draft.end_round(state.running(prompt))
-            stats["time_draft_s"] += time.perf_counter() - t0
+            stats["time_draft_s"] += clock() - t0
     stats["steps"] = state.cur
     return state.best()
 
@@ -556,7 +565,7 @@ def _tree_paths(roots: torch.Tensor, levels) -> tuple[torch.Tensor, list[torch.T
     """
     g = len(levels)
     sizes = [roots.shape[0]] + [lv[0].shape[0] for lv in levels]
-    where = [torch.full((n,), -1, dtype=torch.long) for n in sizes]
+    where = [torch.full((n,), -1, dtype=torch.long) for n in sizes]  # host bookkeeping, moved at the end
     seqs = [roots] + [lv[2] for lv in levels]
     rows: list[torch.Tensor] = []
     for k in range(g, -1, -1):  # deepest first: a shallower node mostly lies on a deeper path already
@@ -573,7 +582,7 @@ def _tree_paths(roots: torch.Tensor, levels) -> tuple[torch.Tensor, list[torch.T
                 where[j][node] = row
                 if j > 0:
                     node = int(levels[j - 1][0][node])
-    return torch.stack(rows), where
+    return torch.stack(rows), [w.to(roots.device) for w in where]
 
 
 def _children(level, parent_nodes: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -583,7 +592,7 @@ def _children(level, parent_nodes: torch.Tensor, tokens: torch.Tensor) -> torch.
     found = [index.get((int(p), int(t))) for p, t in zip(parent_nodes.tolist(), tokens.tolist())]
     if any(f is None for f in found):
         return None
-    return torch.tensor(found, dtype=torch.long)
+    return torch.tensor(found, dtype=torch.long, device=parent_nodes.device)
 
 
 # -- the report's Algorithm 2 (approximate) -------------------------------------------------------
@@ -599,7 +608,7 @@ class _Hypothesis:
 
 
 def _report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length_penalty, eos, generator,
-                        stats) -> tuple[list[int], float]:
+                        stats, clock) -> tuple[list[int], float]:
     """The report's Algorithm 2: every beam advanced by speculative sampling, the best k kept.
 
     Two readings are needed to make it a beam search: each beam draws k candidates (k independent
@@ -616,11 +625,11 @@ def _report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length
         from specdec.drafters import DraftContext
 
         drafter = draft_obj
-        drafter.start(DraftContext(prompt.tolist(), sampling, generator, vocab, frozenset(eos)))
+        drafter.start(DraftContext(prompt.tolist(), sampling, generator, vocab, frozenset(eos), device=prompt.device))
     # Prefill the prompt once (batch 1) for the target and a draft model; the beams' chains reuse it.
-    t0 = time.perf_counter()
+    t0 = clock()
     tkv0 = _prefill(target, prompt[:-1])
-    stats["time_target_s"] += time.perf_counter() - t0
+    stats["time_target_s"] += clock() - t0
     stats["target_calls"] += int(tkv0.fed > 0)
     stats["target_positions"] += tkv0.fed
     dkv0 = None
@@ -635,17 +644,17 @@ def _report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length
         stats["rounds"] += 1
         candidates: list[_Hypothesis] = [b for b in beams if b not in active]
         for beam in active:
-            seq = torch.cat([prompt, torch.tensor(beam.tokens, dtype=torch.long)])  # [L]
+            seq = torch.cat([prompt, torch.tensor(beam.tokens, dtype=torch.long, device=prompt.device)])  # [L]
             g = min(gamma, limit - len(beam.tokens) - 1) if kind is not None else 0
             # 1. k chains of g drafted tokens each
-            t0 = time.perf_counter()
+            t0 = clock()
             chains, q, dkv = _sample_chains(kind, draft_obj, drafter, beam.dkv, seq, k, g, vocab, generator, stats)
-            stats["time_draft_s"] += time.perf_counter() - t0
+            stats["time_draft_s"] += clock() - t0
             g = chains.shape[1] - seq.numel()
             # 2. the target scores all chains in one pass
-            t0 = time.perf_counter()
+            t0 = clock()
             tkv, logits = beam.tkv.forward(chains, g + 1)  # [k, g + 1, V]
-            stats["time_target_s"] += time.perf_counter() - t0
+            stats["time_target_s"] += clock() - t0
             stats["target_calls"] += 1
             stats["target_positions"] += tkv.fed
             p = standardize(logits, sampling)  # [k, g + 1, V]
@@ -661,7 +670,7 @@ def _report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length
                     if tok in eos:
                         new, ended = new[: j + 1], True
                         break
-                logp = float(p[c, torch.arange(len(new)), torch.tensor(new)].log().sum())
+                logp = float(p[c, torch.arange(len(new), device=p.device), torch.tensor(new, device=p.device)].log().sum())
                 candidates.append(_Hypothesis(beam.tokens + new, beam.score + logp, ended, tkv, dkv))
         # 4. the best k distinct candidates by running log-probability
         seen, beams = set(), []
