@@ -154,3 +154,95 @@ def test_statistics_are_consistent():
     assert s.time_total >= s.time_draft + s.time_target
     d = s.to_dict()
     assert d["mean_accepted_length"] == s.mean_accepted_length and d["alpha"] == s.alpha
+
+
+def _tokens_through(model, ids, stop):
+    """The shortest prefix of ``ids`` whose text contains ``stop``."""
+    return next(ids[:i] for i in range(1, len(ids) + 1) if stop in model.decode(ids[:i]))
+
+
+def test_stop_string_that_spans_tokens():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    words = plain.text.split()
+    stop = words[6][-1] + " " + words[7][:2]  # the end of one token, the space, the start of the next
+    cut = plain.text.find(stop)
+    assert cut > 0
+    for draft in (None, target, "prompt-lookup"):
+        out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW, stop=[stop])
+        assert out.stats.stop_reason == "stop"
+        assert out.text == plain.text[:cut]
+        assert out.token_ids == _tokens_through(target, plain.token_ids, stop)
+
+
+def test_several_stop_strings_cut_at_the_first_in_the_text():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    words = plain.text.split()
+    early, late = words[4] + " " + words[5], words[9]
+    assert plain.text.find(early) < plain.text.find(late)
+    for stops in ([late, early], [early, late], ["never there", late, early]):
+        out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW, stop=stops)
+        assert out.text == plain.text[: plain.text.find(early)], stops
+        assert out.token_ids == _tokens_through(target, plain.token_ids, early)
+    out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW, stop=[late, "never there"])
+    assert out.text == plain.text[: plain.text.find(late)]
+
+
+def test_a_stop_string_that_never_appears_changes_nothing():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW, stop=["w1000", "x"])
+    assert out.token_ids == plain.token_ids and out.text == plain.text
+    assert out.stats.stop_reason == "max_new_tokens"
+
+
+def test_stop_checks_decode_only_the_new_tokens():
+    """A round decodes a window of its own tokens and the previous round's, never the whole text: the
+    only full decodes are the final text's and, when a stop string appears, its confirmation."""
+    target = load_tiny()
+    lengths = []
+    real_decode = target.decode
+
+    def counting_decode(ids):
+        lengths.append(len(ids))
+        return real_decode(ids)
+
+    target.decode = counting_decode
+    try:
+        out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=200, stop=["never there"])
+    finally:
+        del target.decode
+    assert len(out.token_ids) == 200
+    assert max(lengths[:-1]) <= 2 * 5 and lengths[-1] == 200  # windows of two rounds; the final text
+
+
+def _groups(target, draft, **options):
+    groups = []
+    out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW,
+                           on_tokens=lambda toks, fd: groups.append((list(toks), list(fd))), **options)
+    return out, groups
+
+
+def test_streaming_when_eos_cuts_a_round():
+    plain = plain_greedy(load_tiny())
+    index = next(i for i in range(6, N_NEW) if plain.token_ids[i] not in plain.token_ids[:i] and i % 5 not in (0, 4))
+    target = load_tiny(eos=plain.token_ids[index])  # EOS in the middle of the target drafting for itself
+    out, groups = _groups(target, target)
+    assert out.token_ids == plain.token_ids[: index + 1] and out.stats.stop_reason == "eos"
+    assert [t for g, _ in groups for t in g] == out.token_ids  # EOS included, nothing after it
+    assert [f for _, fs in groups for f in fs] == out.from_draft
+    assert [len(g) for g, _ in groups] == [5] * (index // 5) + [index % 5 + 1]  # the last round was cut
+
+
+def test_streaming_when_a_stop_string_cuts_a_round():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    words = plain.text.split()
+    stop = words[7]
+    assert words.index(stop) == 7  # plain decoding: one word per token here
+    out, groups = _groups(target, target, stop=[stop])
+    assert out.token_ids == plain.token_ids[:8] and out.stats.stop_reason == "stop"
+    assert [t for g, _ in groups for t in g] == out.token_ids  # through the stop's last token, nothing after
+    assert [f for _, fs in groups for f in fs] == out.from_draft == [True] * 4 + [False] + [True] * 3
+    assert [len(g) for g, _ in groups] == [5, 3]

@@ -133,21 +133,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Streamer:
-    """Prints generated text as tokens are accepted, optionally coloured by origin."""
+    """Prints generated text as tokens are accepted, optionally coloured by origin.
+
+    Each token's text comes from an incremental decoder (specdec.text): the cost per token does not grow
+    with the length of the output."""
 
     def __init__(self, model, colour: bool):
-        self.model, self.colour = model, colour
-        self.ids: list[int] = []
-        self.printed = ""
+        from specdec.text import IncrementalDecoder
+
+        self.colour = colour
+        self.decoder = IncrementalDecoder(model.decode)
+        self.pieces: list[str] = []
+
+    @property
+    def printed(self) -> str:
+        return "".join(self.pieces)
 
     def __call__(self, tokens: list[int], from_draft: list[bool]) -> None:
         for token, drafted in zip(tokens, from_draft):
-            self.ids.append(token)
-            text = self.model.decode(self.ids)
-            if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-                continue
-            piece = text[len(self.printed):]
-            self.printed = text
+            piece = self.decoder.push([token])  # '' while a multi-byte character is incomplete
+            self.pieces.append(piece)
             if self.colour and piece:
                 piece = (COLOUR_DRAFT if drafted else COLOUR_TARGET) + piece + COLOUR_RESET
             sys.stdout.write(piece)
