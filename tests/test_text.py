@@ -71,5 +71,33 @@ def test_stop_scan_reads_only_a_window():
     scan = StopScan(decode, ["w9 w9 w9"])
     for _ in range(300):
         assert not scan.push([10, 11])
-    assert max(calls) == 4 and len(scan.tail) == len("w9 w9 w9") - 1
+    assert len(calls) == 300 + 300 // 16  # one decode a push, and one each time the window restarts
+    assert max(calls) == scan.decoder.window + 2 and len(scan.tail) == len("w9 w9 w9") - 1
     assert scan.push([13]) is False and scan.push([13, 13, 13]) is True  # w9 is token 13
+
+
+def test_model_decode_equals_the_tokenizers_decode():
+    """LanguageModel.decode calls the Rust tokenizer directly where that is what transformers does."""
+    from tiny import load_tiny
+
+    model = load_tiny()
+    assert model._backend_decoder is model.tokenizer.backend_tokenizer
+    ids = model.tokenizer("w1 w2 </s> w3 <pad> w4")["input_ids"] + [0, 1, 2, 3]
+    assert model.decode(ids) == model.tokenizer.decode(ids, skip_special_tokens=True) == "w1 w2 w3 w4"
+    # With transformers' space clean-up on, the fast path steps aside (a stand-in clean-up shows it ran).
+    model.tokenizer.clean_up_tokenization_spaces = True
+    model.tokenizer.clean_up_tokenization = str.upper
+    try:
+        assert model.decode(ids) == "W1 W2 W3 W4"
+    finally:
+        model.tokenizer.clean_up_tokenization_spaces = False
+        del model.tokenizer.clean_up_tokenization
+    tok = byte_tokenizer()
+    ids = tok(TEXT)["input_ids"]
+    model.tokenizer, saved = tok, model.tokenizer
+    try:
+        del model._backend_decoder  # (cached per model)
+        assert model.decode(ids) == tok.decode(ids, skip_special_tokens=True) == TEXT
+        assert model.decode(ids[:1] + ids[6:8]) == tok.decode(ids[:1] + ids[6:8], skip_special_tokens=True)
+    finally:
+        model.tokenizer = saved

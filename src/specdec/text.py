@@ -1,7 +1,7 @@
 """The text of a growing generation, at a cost per round that does not grow with its length.
 
 Decoding every generated token again after each round, to print it or to look for stop strings, is
-quadratic in the output length. :class:`IncrementalDecoder` decodes only the last two groups of tokens;
+quadratic in the output length. :class:`IncrementalDecoder` decodes only a short window of recent tokens;
 :class:`StopScan` looks for stop strings only in the text a round added, plus the characters before it
 that a stop string ending in that text can reach back to.
 
@@ -19,35 +19,42 @@ from typing import Callable, Sequence
 
 
 class IncrementalDecoder:
-    """Turns token groups into the text they add to the decoded sequence.
+    """Turns token groups into the text they add to the decoded sequence, one short decode per group.
 
-    decode: token ids -> text (a model's ``decode``). As text-generation-inference does, a push decodes
-    the tokens from the start of the previous group and returns what they add to that group's own text:
-    a tokenizer may decode a token differently at the start of a sequence (a leading space), so the
-    window starts one group early. A group that ends inside a multi-byte character adds '' until a later
-    group completes it; a group that adds no text at all (special tokens, skipped by ``decode``) is
-    forgotten. The pushes' results joined equal ``decode(all ids)`` for the usual tokenizers
-    (byte-level BPE, SentencePiece, word-level); a tokenizer that cleans up spaces across a group
-    boundary may differ there.
+    decode: token ids -> text (a model's ``decode``). The decoder keeps a window of recent tokens and
+    the text it has returned for them; a push decodes the window with the new tokens and returns what
+    the text gained. When the window grows past ``window`` tokens it restarts at the last group that
+    added text (kept as context, as text-generation-inference does: a tokenizer may decode a token
+    differently at the start of a sequence, a leading space). A group that ends inside a multi-byte
+    character adds '' until a later group completes it; a group that adds no text at all (special
+    tokens, skipped by ``decode``) is forgotten. The pushes' results joined equal ``decode(all ids)``
+    for the usual tokenizers (byte-level BPE, SentencePiece, word-level); a tokenizer that cleans up
+    spaces across a window boundary may differ there.
     """
 
-    def __init__(self, decode: Callable[[list], str]):
-        self.decode = decode
-        self.ids: list = []
-        self.prefix_offset = self.read_offset = 0
+    def __init__(self, decode: Callable[[list], str], window: int = 8):
+        self.decode, self.window = decode, window
+        self.ids: list = []  # the window: tokens from its start to the end
+        self.text = ""  # the window's text, as far as it was returned
+        self.read = 0  # tokens of the window whose text was returned; later ones wait for a character's end
 
     def push(self, ids: Sequence) -> str:
         """The text that ``ids``, appended to the tokens pushed before, add ('' while it is incomplete)."""
         self.ids.extend(ids)
-        before = self.decode(self.ids[self.prefix_offset:self.read_offset])
-        after = self.decode(self.ids[self.prefix_offset:])
-        if after == before:  # tokens without text (special tokens): forget them, or the window would grow
-            del self.ids[self.read_offset:]
+        text = self.decode(self.ids)
+        if text == self.text:  # tokens without text (special tokens): forget them, or the window would grow
+            del self.ids[self.read:]
             return ""
-        if after.endswith("\ufffd") or len(after) < len(before):  # an incomplete character: wait for the rest
+        if text.endswith("\ufffd") or len(text) < len(self.text):  # an incomplete character: wait for the rest
             return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return after[len(before):]
+        added = text[len(self.text):]
+        if len(self.ids) > self.window:  # restart the window at this group
+            del self.ids[:self.read]
+            self.text = self.decode(self.ids)
+        else:
+            self.text = text
+        self.read = len(self.ids)
+        return added
 
 
 class StopScan:
@@ -69,4 +76,7 @@ class StopScan:
         """True when a stop string ends in the text that ``ids`` (the round's new tokens) add."""
         window = self.tail + self.decoder.push(ids)
         self.tail = window[-self.keep:] if self.keep else ""
-        return any(s in window for s in self.stop)
+        for s in self.stop:
+            if s in window:
+                return True
+        return False
