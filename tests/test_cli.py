@@ -131,3 +131,92 @@ def test_default_gamma_and_schedule_follow_the_draft():
     none = args("some/model")
     none.draft_quantize = "none"
     assert cli._default_speculation(none) == (None, None)
+
+
+@pytest.fixture()
+def no_loading(monkeypatch):
+    """Any attempt to load a model fails the test: the CLI must reject bad input before loading."""
+    import specdec.models
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError(f"a model was loaded: {args}")
+
+    for module, name in ((specdec, "load"), (specdec.models, "load"), (specdec.models, "_from_pretrained"),
+                         (specdec.models, "_load_preset")):
+        monkeypatch.setattr(module, name, must_not_load)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--draft", "nosuch"], "unknown model 'nosuch': not a preset, an existing path or a hub id"),
+        (["--draft", "nosuch"], "as a draft, also accepted: prompt-lookup, unigram, bigram, random, none"),
+        (["--quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
+        (["--draft-quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
+        (["--target", "qwen-coder"], "unknown model 'qwen-coder'"),
+        (["--target", "missing.gguf"], "GGUF file not found: missing.gguf"),
+        (["--dtype", "int3"], "unknown dtype 'int3'"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--compile", "--device", "cpu"], "--compile compiles the captured CUDA-graph steps: it needs a CUDA device"),
+        (["--draft", "prompt-lookup", "--draft", "qwen2.5-coder-0.5b"],
+         "every --draft but the last must be a model, got 'prompt-lookup'"),
+        (["--draft", "none", "--draft", "bigram"], "--draft none means plain decoding; it cannot be combined"),
+        (["--gamma", "0"], "gamma must be an integer >= 1"),
+        (["--gamma", "4", "--max-gamma", "2"], "max_gamma must be an integer >= gamma (4)"),
+        (["--temperature", "inf"], "temperature must be a finite number >= 0 (0 means greedy), got inf"),
+        (["--temperature", "nan"], "temperature must be a finite number >= 0 (0 means greedy), got nan"),
+        (["--top-p", "2"], "top_p must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+        (["--lenience", "0"], "lenience must be in (0, 1]"),
+        (["--confidence", "1.5"], "confidence must be in (0, 1)"),
+        (["--num-beams", "2", "--stop", "x"], "does not support stop strings"),
+        (["--length-penalty", "nan"], "length_penalty must be a finite number"),
+    ],
+)
+def test_every_bad_input_is_rejected_before_any_model_loads(capsys, no_loading, argv, message):
+    code, out, err = run(capsys, "generate", "def f():", *argv)  # the default 1.5B target: never loaded
+    assert code == 2, err
+    assert message in err and "Traceback" not in err + out
+
+
+def test_paths_that_are_not_model_folders(capsys, no_loading, tmp_path, model_dir):
+    file = tmp_path / "weights.bin"
+    file.write_bytes(b"")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv, message in (
+        (["--target", str(file)], f"{file} is a file, not a model folder; give a preset name, a Hugging Face model "
+                                  "folder (with config.json), a .gguf file or a hub id (owner/name)"),
+        (["--target", f"{model_dir}/config.json"], f"is a file, not a model folder (its folder '{model_dir}' is one: "
+                                                   "pass that)"),
+        (["--target", str(empty)], f"{empty} is a folder but not a Hugging Face model folder (no config.json in it)"),
+        (["--target", model_dir, "--draft", str(file)], f"{file} is a file, not a model folder"),
+    ):
+        code, out, err = run(capsys, "generate", "w1 w2", *argv)
+        assert code == 2 and message in err, err
+
+
+def test_serve_checks_its_models_before_loading(capsys, no_loading):
+    code, _, err = run(capsys, "serve", "--draft", "nosuch", "--port", "1")
+    assert code == 2 and "unknown model 'nosuch'" in err
+    code, _, err = run(capsys, "serve", "--gamma", "0", "--port", "1")
+    assert code == 2 and "gamma must be an integer >= 1" in err
+
+
+def test_prompt_from_standard_input(capsys, monkeypatch, model_dir):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("w1 w2 w3"))
+    code, out, _ = run(capsys, "generate", "-", "--target", model_dir, "--draft", "none", "--dtype", "fp32",
+                       "--max-new-tokens", "6", "--json")
+    api = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=6)
+    assert code == 0 and json.loads(out)["token_ids"] == api.token_ids
+
+
+def test_empty_standard_input_is_rejected_before_loading(capsys, monkeypatch, no_loading):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(" \n"))
+    code, _, err = run(capsys, "generate", "-")
+    assert code == 2 and "the prompt is empty; give some text to continue (standard input was empty)" in err
+

@@ -103,3 +103,27 @@ def test_chat_without_a_template(target):
 def test_config_and_options_together(target):
     with pytest.raises(SpecDecError, match="either config= or keyword options"):
         specdec.generate(target, "w1", config=specdec.GenerationConfig(), gamma=3)
+
+
+def test_load_names_a_file_given_for_a_folder_and_checks_quantize_first(tmp_path, monkeypatch):
+    import specdec.models
+
+    monkeypatch.setattr(specdec.models, "_from_pretrained", lambda *a, **k: pytest.fail("weights were read"))
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"")
+    with pytest.raises(SpecDecError, match="model.safetensors is a file, not a model folder; give a preset name"):
+        specdec.load(file)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SpecDecError, match=r"its folder '.*' is one: pass that"):
+        specdec.load(file)
+    with pytest.raises(SpecDecError, match="unknown quantization 'int4'; use one of: int8"):
+        specdec.load(tmp_path, quantize="int4")
+    assert specdec.models.check_load(tmp_path, dtype="fp32") == "folder"
+    assert specdec.models.source_kind("qwen2.5-coder-1.5b") == "preset"
+    assert specdec.models.source_kind("Qwen/Qwen2.5-Coder-1.5B") == "hub"
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -float("inf")])
+def test_temperature_must_be_finite(target, value):
+    with pytest.raises(SpecDecError, match="temperature must be a finite number >= 0 \\(0 means greedy\\)"):
+        specdec.generate(target, "w1 w2", temperature=value)
