@@ -220,3 +220,73 @@ def test_empty_standard_input_is_rejected_before_loading(capsys, monkeypatch, no
     code, _, err = run(capsys, "generate", "-")
     assert code == 2 and "the prompt is empty; give some text to continue (standard input was empty)" in err
 
+
+def check_schema(value, schema, where="$"):
+    """The subset of JSON Schema that specdec.schema uses: type, properties/required/additionalProperties, items, enum."""
+    names = {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+
+        def is_a(kind):
+            if kind == "integer":
+                return isinstance(value, int) and not isinstance(value, bool)
+            if kind == "number":
+                return isinstance(value, (int, float)) and not isinstance(value, bool)
+            return isinstance(value, names[kind])
+
+        assert any(is_a(k) for k in kinds), f"{where}: {value!r} is not of type {kinds}"
+    if "enum" in schema:
+        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
+    if "properties" in schema:
+        missing = set(schema["required"]) - set(value)
+        assert not missing, f"{where}: missing keys {sorted(missing)}"
+        if schema.get("additionalProperties") is False:
+            unknown = set(value) - set(schema["properties"])
+            assert not unknown, f"{where}: keys not in the schema {sorted(unknown)}"
+        for key, sub in schema["properties"].items():
+            if key in value:
+                check_schema(value[key], sub, f"{where}.{key}")
+    if "items" in schema:
+        for i, item in enumerate(value):
+            check_schema(item, schema["items"], f"{where}[{i}]")
+
+
+def test_the_schema_checker_fails_on_wrong_documents():
+    from specdec.schema import GENERATION_SCHEMA
+
+    for wrong in ({}, {"text": 1}, {"text": "a", "token_ids": [True]}):
+        with pytest.raises(AssertionError):
+            check_schema(wrong, GENERATION_SCHEMA)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--draft", "none"],
+    ["--draft", "prompt-lookup", "--temperature", "1", "--top-k", "5", "--stop", "w1000"],
+    ["--draft", "MODEL", "--draft", "bigram", "--draft-quantize", "none", "--gamma-schedule", "adaptive"],
+    ["--draft", "MODEL", "--draft-quantize", "none", "--num-beams", "2"],
+])
+def test_json_document_follows_the_stated_schema(capsys, model_dir, argv):
+    from specdec.schema import GENERATION_SCHEMA
+
+    argv = [model_dir if a == "MODEL" else a for a in argv]
+    code, out, err = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--max-new-tokens", "8", "--json", *argv)
+    assert code == 0, err
+    doc = json.loads(out)
+    check_schema(doc, GENERATION_SCHEMA)
+    assert len(doc["token_ids"]) == len(doc["from_draft"]) == doc["stats"]["new_tokens"]
+    assert ("extra" in doc) == ("--num-beams" in argv)
+    if "bigram" in argv:
+        assert [level["level"] for level in doc["stats"]["levels"]] == [f"{model_dir}<-bigram"]  # the inner level
+
+
+def test_seed_replay_through_the_cli(capsys, model_dir):
+    base = ["generate", "w1 w2 w3", "--target", model_dir, "--draft", "bigram", "--temperature", "1.5",
+            "--max-new-tokens", "24", "--json"]
+    first = json.loads(run(capsys, *base)[1])  # no --seed: one is drawn and reported
+    seed = first["stats"]["seed"]
+    assert first["config"]["seed"] is None and isinstance(seed, int)
+    again = json.loads(run(capsys, *base, "--seed", str(seed))[1])
+    assert again["token_ids"] == first["token_ids"] and again["stats"]["seed"] == seed
+    other = json.loads(run(capsys, *base, "--seed", str(seed + 1))[1])
+    assert other["token_ids"] != first["token_ids"]  # the seed matters: the replay is not a coincidence

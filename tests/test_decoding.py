@@ -248,3 +248,16 @@ def test_streaming_when_a_stop_string_cuts_a_round():
     assert [t for g, _ in groups for t in g] == out.token_ids  # through the stop's last token, nothing after
     assert [f for _, fs in groups for f in fs] == out.from_draft == [True] * 4 + [False] + [True] * 3
     assert [len(g) for g, _ in groups] == [5, 3]
+
+
+def test_seed_replay_through_the_api():
+    """A run without a seed reports the seed it drew; running again with it gives the same tokens."""
+    target = load_tiny()
+    draft = perturbed(target, 0.3)
+    for options in ({"draft": draft, "gamma": 3}, {"draft": None}, {"draft": "random", "gamma": 2}):
+        first = specdec.generate(target, PROMPT, max_new_tokens=30, temperature=1.0, **options)
+        assert first.config.seed is None and isinstance(first.stats.seed, int)
+        again = specdec.generate(target, PROMPT, max_new_tokens=30, temperature=1.0, seed=first.stats.seed, **options)
+        assert again.token_ids == first.token_ids and again.from_draft == first.from_draft
+        other = specdec.generate(target, PROMPT, max_new_tokens=30, temperature=1.0, seed=first.stats.seed + 1, **options)
+        assert other.token_ids != first.token_ids
