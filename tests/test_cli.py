@@ -290,3 +290,10 @@ def test_seed_replay_through_the_cli(capsys, model_dir):
     assert again["token_ids"] == first["token_ids"] and again["stats"]["seed"] == seed
     other = json.loads(run(capsys, *base, "--seed", str(seed + 1))[1])
     assert other["token_ids"] != first["token_ids"]  # the seed matters: the replay is not a coincidence
+
+
+def test_a_prompt_of_exactly_the_context_length(capsys, model_dir):
+    code, _, err = run(capsys, "generate", " ".join(["w5"] * 256), "--target", model_dir, "--draft", "none")
+    assert code == 2 and "the prompt has 256 tokens but" in err and "reads at most 256; shorten the prompt" in err
+    code, out, _ = run(capsys, "generate", " ".join(["w5"] * 255), "--target", model_dir, "--draft", "none", "--json")
+    assert code == 0 and json.loads(out)["stats"]["new_tokens"] == 1 and json.loads(out)["stats"]["stop_reason"] == "context"

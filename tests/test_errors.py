@@ -127,3 +127,16 @@ def test_load_names_a_file_given_for_a_folder_and_checks_quantize_first(tmp_path
 def test_temperature_must_be_finite(target, value):
     with pytest.raises(SpecDecError, match="temperature must be a finite number >= 0 \\(0 means greedy\\)"):
         specdec.generate(target, "w1 w2", temperature=value)
+
+
+def test_a_prompt_of_exactly_the_context_length(target):
+    """A prompt that fills the context leaves no room for a token: a clear error. One token shorter, the
+    generation makes exactly one token (the last position's logits need no further position) and says why
+    it stopped, with or without a draft."""
+    assert target.max_context == 256
+    with pytest.raises(SpecDecError, match="the prompt has 256 tokens but tiny-llama reads at most 256; shorten"):
+        specdec.generate(target, [5] * 256)
+    for draft in (None, target, "prompt-lookup"):
+        out = specdec.generate(target, [5] * 255, draft=draft, max_new_tokens=10)
+        assert len(out.token_ids) == 1 and out.stats.stop_reason == "context"
+        assert out.token_ids == specdec.generate(target, [5] * 255, max_new_tokens=1).token_ids
