@@ -261,3 +261,14 @@ def test_seed_replay_through_the_api():
         assert again.token_ids == first.token_ids and again.from_draft == first.from_draft
         other = specdec.generate(target, PROMPT, max_new_tokens=30, temperature=1.0, seed=first.stats.seed + 1, **options)
         assert other.token_ids != first.token_ids
+
+
+def test_plain_greedy_ending_at_eos_equals_transformers_generate():
+    """Full lengths compared: both stop at the same end-of-sequence token, and keep it."""
+    plain = plain_greedy(load_tiny())
+    eos = plain.token_ids[6]
+    target = load_tiny(eos=eos)
+    out = plain_greedy(target)
+    hf = target.hf_model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=N_NEW, pad_token_id=3)
+    assert out.token_ids == hf[0, len(PROMPT):].tolist() == plain.token_ids[: plain.token_ids.index(eos) + 1]
+    assert out.stats.stop_reason == "eos" and len(out.token_ids) < N_NEW
