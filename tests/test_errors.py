@@ -140,3 +140,15 @@ def test_a_prompt_of_exactly_the_context_length(target):
         out = specdec.generate(target, [5] * 255, draft=draft, max_new_tokens=10)
         assert len(out.token_ids) == 1 and out.stats.stop_reason == "context"
         assert out.token_ids == specdec.generate(target, [5] * 255, max_new_tokens=1).token_ids
+
+
+def test_generate_checks_model_names_before_loading(monkeypatch):
+    import specdec.decoding
+
+    monkeypatch.setattr(specdec.decoding, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SpecDecError, match="unknown model 'nosuch'.*as a draft, also accepted: prompt-lookup"):
+        specdec.generate("qwen2.5-coder-1.5b", "def f():", draft="nosuch")
+    with pytest.raises(SpecDecError, match="unknown model 'nosuch'"):
+        specdec.generate("qwen2.5-coder-1.5b", "def f():", draft=["qwen2.5-coder-0.5b", "nosuch"])
+    with pytest.raises(SpecDecError, match="temperature must be a finite number"):
+        specdec.generate("qwen2.5-coder-1.5b", "def f():", temperature=float("inf"))

@@ -110,6 +110,7 @@ def generate(
         config = GenerationConfig.from_options(**options)
     elif options:
         raise SpecDecError("pass either config= or keyword options, not both")
+    _check_names(target, draft)
     target = load(target)
     drafter = make_drafter(draft, target, inner_gamma=config.gamma)
     prompt_ids = _prompt_ids(target, prompt, config)
@@ -123,6 +124,21 @@ def generate(
     finally:
         run.close()
     return _finish(run)
+
+
+def _check_names(target: Any, draft: Any) -> None:
+    """Models given by name are checked (presets, paths, hub ids) before the first one loads."""
+    from specdec.drafters import DRAFTER_NAMES
+    from specdec.models import source_kind
+
+    if isinstance(target, (str, os.PathLike)):
+        source_kind(target)
+    for spec in draft if isinstance(draft, (list, tuple)) else [draft]:
+        if isinstance(spec, (str, os.PathLike)) and str(spec) not in DRAFTER_NAMES:
+            try:
+                source_kind(spec)
+            except SpecDecError as err:
+                raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)})") from None
 
 
 def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
