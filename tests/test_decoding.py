@@ -215,8 +215,9 @@ def test_stop_checks_decode_only_the_new_tokens():
     finally:
         del target.decode
     assert len(out.token_ids) == 200
-    assert max(lengths[:-1]) <= IncrementalDecoder(None).window + 5 and lengths[-1] == 200  # windows; the final text
-    assert len(lengths) < 2 * out.stats.target_calls
+    rounds = out.stats.target_calls
+    assert max(lengths[:-1]) <= IncrementalDecoder(None).window + 2 * 5 and lengths[-1] == 200  # windows; the final text
+    assert len(lengths) <= rounds + rounds // 2 + 2  # one decode a round, one more every other round (restarts)
 
 
 def _groups(target, draft, **options):

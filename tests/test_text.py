@@ -71,10 +71,10 @@ def test_stop_scan_reads_only_a_window():
     scan = StopScan(decode, ["w9 w9 w9"])
     for _ in range(300):
         assert not scan.push([10, 11])
-    # One decode a push, and one each time the window restarts: it holds one group after a restart and
-    # restarts when it holds more than `window` tokens (8: every 4 pushes of 2 tokens after the first).
-    assert scan.decoder.window == 8 and len(calls) == 300 + (300 - 1) // 4
-    assert max(calls) == scan.decoder.window + 2 and len(scan.tail) == len("w9 w9 w9") - 1
+    # One decode a push, and one each time the window restarts: after a restart it holds one group, and
+    # it restarts when more than `window` (8) tokens precede a group: every 5 pushes of 2 tokens.
+    assert scan.decoder.window == 8 and len(calls) == 300 + 300 // 5 - 1
+    assert max(calls) == scan.decoder.window + 2 + 2 and len(scan.tail) == len("w9 w9 w9") - 1
     assert scan.push([13]) is False and scan.push([13, 13, 13]) is True  # w9 is token 13
 
 

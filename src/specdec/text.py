@@ -23,9 +23,9 @@ class IncrementalDecoder:
 
     decode: token ids -> text (a model's ``decode``). The decoder keeps a window of recent tokens and
     the text it has returned for them; a push decodes the window with the new tokens and returns what
-    the text gained. When the window grows past ``window`` tokens it restarts at the last group that
-    added text (kept as context, as text-generation-inference does: a tokenizer may decode a token
-    differently at the start of a sequence, a leading space). A group that ends inside a multi-byte
+    the text gained. When more than ``window`` tokens precede a group, the window then restarts at that
+    group, which stays as the context of the next (as text-generation-inference does: a tokenizer may
+    decode a token differently at the start of a sequence, a leading space). A group that ends inside a multi-byte
     character adds '' until a later group completes it; a group that adds no text at all (special
     tokens, skipped by ``decode``) is forgotten. The pushes' results joined equal ``decode(all ids)``
     for the usual tokenizers (byte-level BPE, SentencePiece, word-level); a tokenizer that cleans up
@@ -48,7 +48,7 @@ class IncrementalDecoder:
         if text.endswith("\ufffd") or len(text) < len(self.text):  # an incomplete character: wait for the rest
             return ""
         added = text[len(self.text):]
-        if len(self.ids) > self.window:  # restart the window at this group
+        if self.read > self.window:  # more than `window` tokens before this group: restart the window at it
             del self.ids[:self.read]
             self.text = self.decode(self.ids)
         else:
