@@ -162,17 +162,23 @@ def test_one_hot_draft_first_token_follows_p():
     assert chi_square_pvalue(counts, p[0]) > ALPHA_LEVEL
 
 
-def test_the_check_detects_a_wrong_sampler():
-    # Sensitivity: if the residual step is replaced by resampling from p (a classic mistake), the
-    # same statistic rejects decisively. This keeps the thresholds above honest.
+def test_the_check_detects_a_wrong_sampler(monkeypatch):
+    # Sensitivity: specdec's own speculative_sampling with its residual step replaced by resampling
+    # from p (a classic mistake) must fail the same statistic decisively. This keeps the thresholds
+    # above honest: they can tell a wrong sampler from a right one at this sample size.
+    import specdec.acceptance
+
     p = torch.tensor(CASES["worked-example"][0])
     q = torch.tensor(CASES["worked-example"][1])
-    g = torch.Generator().manual_seed(0)
-    counts = torch.zeros(4)
-    for _ in range(20_000):
-        x = torch.multinomial(q[0], 1, generator=g)
-        if torch.rand(1, generator=g) * q[0, x] < p[0, x]:
-            counts[x] += 1
-        else:
-            counts[torch.multinomial(p[0], 1, generator=g)] += 1
-    assert chi_square_pvalue(counts, p[0]) < 1e-6
+
+    def draft_sampler(g):
+        return torch.multinomial(q, 1, generator=g).flatten()
+
+    monkeypatch.setattr(specdec.acceptance, "residual_distribution", lambda p, q, rejected, lenience=1.0: p)
+    wrong = first_token_counts(p, q, draft_sampler, 20_000)
+    # min(p, q) + (1 - beta) p = [0.44, 0.28, 0.17, 0.11] instead of p[0] = [0.4, 0.3, 0.2, 0.1]
+    assert chi_square_pvalue(wrong, p[0]) < 1e-6
+    assert total_variation(wrong, torch.tensor([0.44, 0.28, 0.17, 0.11])) < 0.01
+    monkeypatch.undo()
+    right = first_token_counts(p, q, draft_sampler, 20_000)  # same draws, the real residual
+    assert chi_square_pvalue(right, p[0]) > ALPHA_LEVEL

@@ -44,12 +44,17 @@ def test_jsonl_prompts(tmp_path):
     assert len(bench.load_jsonl(path)) == 3
 
 
-@pytest.mark.parametrize("content", ['{"text": "x"}\n', "not json\n", ""])
-def test_jsonl_prompts_bad(tmp_path, content):
+@pytest.mark.parametrize("content, message", [
+    ('{"text": "x"}\n', 'bad.jsonl, line 1: needs a non-empty string field "prompt"'),
+    ("not json\n", "bad.jsonl, line 1: not JSON"),
+    ("", "bad.jsonl holds no prompts"),
+])
+def test_jsonl_prompts_bad(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    with pytest.raises(SpecDecError):
+    with pytest.raises(SpecDecError) as info:
         bench.load_jsonl(path)
+    assert message in str(info.value)
 
 
 def test_first_difference():

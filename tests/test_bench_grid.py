@@ -40,9 +40,15 @@ def task_file(tmp_path):
 def test_draft_specs():
     assert parse_spec("a:int8<-b<-prompt-lookup") == [("a", "int8"), ("b", None), ("prompt-lookup", None)]
     assert parse_spec("/models/x:y") == [("/models/x:y", None)]
-    for bad in ("prompt-lookup<-a", "bigram:int8", "a<-", ""):
-        with pytest.raises(SpecDecError):
+    for bad, message in (
+        ("prompt-lookup<-a", "every level but the last must be a model; put 'prompt-lookup' last"),
+        ("bigram:int8", "'bigram' has no weights to quantize"),
+        ("a<-", "draft specification 'a<-' has an empty level"),
+        ("", "empty draft specification ''"),
+    ):
+        with pytest.raises(SpecDecError) as info:
             parse_spec(bad)
+        assert message in str(info.value), bad
 
 
 def test_cells_and_labels():

@@ -54,13 +54,14 @@ HAS_CLOSE_ELEMENTS = """\
 def test_humaneval_results_run_the_problems_tests():
     from specdec.bench.metrics import humaneval_results
 
+    # A generous timeout for the programs that finish: a loaded machine must not turn a pass into "timed out".
     results = humaneval_results({
         "HumanEval/0": HAS_CLOSE_ELEMENTS,  # a correct body
         "HumanEval/2": "    return number\n",  # truncate_number: wrong (must return the decimal part)
-        "HumanEval/4": "    while True:\n        pass\n",  # never returns
-    }, timeout=1.0)
-    assert results["HumanEval/0"] == "passed"
+    }, timeout=60.0)
+    assert results == {"HumanEval/0": "passed", "HumanEval/2": results["HumanEval/2"]}
     assert results["HumanEval/2"].startswith("failed")
-    assert results["HumanEval/4"] == "timed out"
+    # A program that never returns times out whatever the machine's speed, so a short timeout is safe here.
+    assert humaneval_results({"HumanEval/4": "    while True:\n        pass\n"}, timeout=0.5) == {"HumanEval/4": "timed out"}
     with pytest.raises(SpecDecError, match="not HumanEval task ids: HumanEval/999"):
         humaneval_results({"HumanEval/999": "pass"})

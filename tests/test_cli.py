@@ -131,3 +131,169 @@ def test_default_gamma_and_schedule_follow_the_draft():
     none = args("some/model")
     none.draft_quantize = "none"
     assert cli._default_speculation(none) == (None, None)
+
+
+@pytest.fixture()
+def no_loading(monkeypatch):
+    """Any attempt to load a model fails the test: the CLI must reject bad input before loading."""
+    import specdec.models
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError(f"a model was loaded: {args}")
+
+    for module, name in ((specdec, "load"), (specdec.models, "load"), (specdec.models, "_from_pretrained"),
+                         (specdec.models, "_load_preset")):
+        monkeypatch.setattr(module, name, must_not_load)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--draft", "nosuch"], "unknown model 'nosuch': not a preset, an existing path or a hub id"),
+        (["--draft", "nosuch"], "as a draft, also accepted: prompt-lookup, unigram, bigram, random, none"),
+        (["--quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
+        (["--draft-quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
+        (["--target", "qwen-coder"], "unknown model 'qwen-coder'"),
+        (["--target", "missing.gguf"], "GGUF file not found: missing.gguf"),
+        (["--dtype", "int3"], "unknown dtype 'int3'"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--compile", "--device", "cpu"], "--compile compiles the captured CUDA-graph steps: it needs a CUDA device"),
+        (["--draft", "prompt-lookup", "--draft", "qwen2.5-coder-0.5b"],
+         "every --draft but the last must be a model, got 'prompt-lookup'"),
+        (["--draft", "none", "--draft", "bigram"], "--draft none means plain decoding; it cannot be combined"),
+        (["--gamma", "0"], "gamma must be an integer >= 1"),
+        (["--gamma", "4", "--max-gamma", "2"], "max_gamma must be an integer >= gamma (4)"),
+        (["--temperature", "inf"], "temperature must be a finite number >= 0 (0 means greedy), got inf"),
+        (["--temperature", "nan"], "temperature must be a finite number >= 0 (0 means greedy), got nan"),
+        (["--top-p", "2"], "top_p must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+        (["--lenience", "0"], "lenience must be in (0, 1]"),
+        (["--confidence", "1.5"], "confidence must be in (0, 1)"),
+        (["--num-beams", "2", "--stop", "x"], "does not support stop strings"),
+        (["--length-penalty", "nan"], "length_penalty must be a finite number"),
+    ],
+)
+def test_every_bad_input_is_rejected_before_any_model_loads(capsys, no_loading, argv, message):
+    code, out, err = run(capsys, "generate", "def f():", *argv)  # the default 1.5B target: never loaded
+    assert code == 2, err
+    assert message in err and "Traceback" not in err + out
+
+
+def test_paths_that_are_not_model_folders(capsys, no_loading, tmp_path, model_dir):
+    file = tmp_path / "weights.bin"
+    file.write_bytes(b"")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv, message in (
+        (["--target", str(file)], f"{file} is a file, not a model folder; give a preset name, a Hugging Face model "
+                                  "folder (with config.json), a .gguf file or a hub id (owner/name)"),
+        (["--target", f"{model_dir}/config.json"], f"is a file, not a model folder (its folder '{model_dir}' is one: "
+                                                   "pass that)"),
+        (["--target", str(empty)], f"{empty} is a folder but not a Hugging Face model folder (no config.json in it)"),
+        (["--target", model_dir, "--draft", str(file)], f"{file} is a file, not a model folder"),
+    ):
+        code, out, err = run(capsys, "generate", "w1 w2", *argv)
+        assert code == 2 and message in err, err
+
+
+def test_serve_checks_its_models_before_loading(capsys, no_loading):
+    code, _, err = run(capsys, "serve", "--draft", "nosuch", "--port", "1")
+    assert code == 2 and "unknown model 'nosuch'" in err
+    code, _, err = run(capsys, "serve", "--gamma", "0", "--port", "1")
+    assert code == 2 and "gamma must be an integer >= 1" in err
+
+
+def test_prompt_from_standard_input(capsys, monkeypatch, model_dir):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("w1 w2 w3"))
+    code, out, _ = run(capsys, "generate", "-", "--target", model_dir, "--draft", "none", "--dtype", "fp32",
+                       "--max-new-tokens", "6", "--json")
+    api = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=6)
+    assert code == 0 and json.loads(out)["token_ids"] == api.token_ids
+
+
+def test_empty_standard_input_is_rejected_before_loading(capsys, monkeypatch, no_loading):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(" \n"))
+    code, _, err = run(capsys, "generate", "-")
+    assert code == 2 and "the prompt is empty; give some text to continue (standard input was empty)" in err
+
+
+def check_schema(value, schema, where="$"):
+    """The subset of JSON Schema that specdec.schema uses: type, properties/required/additionalProperties, items, enum."""
+    names = {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+
+        def is_a(kind):
+            if kind == "integer":
+                return isinstance(value, int) and not isinstance(value, bool)
+            if kind == "number":
+                return isinstance(value, (int, float)) and not isinstance(value, bool)
+            return isinstance(value, names[kind])
+
+        assert any(is_a(k) for k in kinds), f"{where}: {value!r} is not of type {kinds}"
+    if "enum" in schema:
+        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
+    if "properties" in schema:
+        missing = set(schema["required"]) - set(value)
+        assert not missing, f"{where}: missing keys {sorted(missing)}"
+        if schema.get("additionalProperties") is False:
+            unknown = set(value) - set(schema["properties"])
+            assert not unknown, f"{where}: keys not in the schema {sorted(unknown)}"
+        for key, sub in schema["properties"].items():
+            if key in value:
+                check_schema(value[key], sub, f"{where}.{key}")
+    if "items" in schema:
+        for i, item in enumerate(value):
+            check_schema(item, schema["items"], f"{where}[{i}]")
+
+
+def test_the_schema_checker_fails_on_wrong_documents():
+    from specdec.schema import GENERATION_SCHEMA
+
+    for wrong in ({}, {"text": 1}, {"text": "a", "token_ids": [True]}):
+        with pytest.raises(AssertionError):
+            check_schema(wrong, GENERATION_SCHEMA)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--draft", "none"],
+    ["--draft", "prompt-lookup", "--temperature", "1", "--top-k", "5", "--stop", "w1000"],
+    ["--draft", "MODEL", "--draft", "bigram", "--draft-quantize", "none", "--gamma-schedule", "adaptive"],
+    ["--draft", "MODEL", "--draft-quantize", "none", "--num-beams", "2"],
+])
+def test_json_document_follows_the_stated_schema(capsys, model_dir, argv):
+    from specdec.schema import GENERATION_SCHEMA
+
+    argv = [model_dir if a == "MODEL" else a for a in argv]
+    code, out, err = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--max-new-tokens", "8", "--json", *argv)
+    assert code == 0, err
+    doc = json.loads(out)
+    check_schema(doc, GENERATION_SCHEMA)
+    assert len(doc["token_ids"]) == len(doc["from_draft"]) == doc["stats"]["new_tokens"]
+    assert ("extra" in doc) == ("--num-beams" in argv)
+    if "bigram" in argv:
+        assert [level["level"] for level in doc["stats"]["levels"]] == [f"{model_dir}<-bigram"]  # the inner level
+
+
+def test_seed_replay_through_the_cli(capsys, model_dir):
+    base = ["generate", "w1 w2 w3", "--target", model_dir, "--draft", "bigram", "--temperature", "1.5",
+            "--max-new-tokens", "24", "--json"]
+    first = json.loads(run(capsys, *base)[1])  # no --seed: one is drawn and reported
+    seed = first["stats"]["seed"]
+    assert first["config"]["seed"] is None and isinstance(seed, int)
+    again = json.loads(run(capsys, *base, "--seed", str(seed))[1])
+    assert again["token_ids"] == first["token_ids"] and again["stats"]["seed"] == seed
+    other = json.loads(run(capsys, *base, "--seed", str(seed + 1))[1])
+    assert other["token_ids"] != first["token_ids"]  # the seed matters: the replay is not a coincidence
+
+
+def test_a_prompt_of_exactly_the_context_length(capsys, model_dir):
+    code, _, err = run(capsys, "generate", " ".join(["w5"] * 256), "--target", model_dir, "--draft", "none")
+    assert code == 2 and "the prompt has 256 tokens but" in err and "reads at most 256; shorten the prompt" in err
+    code, out, _ = run(capsys, "generate", " ".join(["w5"] * 255), "--target", model_dir, "--draft", "none", "--json")
+    assert code == 0 and json.loads(out)["stats"]["new_tokens"] == 1 and json.loads(out)["stats"]["stop_reason"] == "context"

@@ -5,6 +5,7 @@ import torch
 
 import specdec
 from specdec.models.causal import KVSession
+from specdec.text import IncrementalDecoder
 from tiny import load_tiny, perturbed, tiny_gemma3
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
@@ -154,3 +155,121 @@ def test_statistics_are_consistent():
     assert s.time_total >= s.time_draft + s.time_target
     d = s.to_dict()
     assert d["mean_accepted_length"] == s.mean_accepted_length and d["alpha"] == s.alpha
+
+
+def _tokens_through(model, ids, stop):
+    """The shortest prefix of ``ids`` whose text contains ``stop``."""
+    return next(ids[:i] for i in range(1, len(ids) + 1) if stop in model.decode(ids[:i]))
+
+
+def test_stop_string_that_spans_tokens():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    words = plain.text.split()
+    stop = words[6][-1] + " " + words[7][:2]  # the end of one token, the space, the start of the next
+    cut = plain.text.find(stop)
+    assert cut > 0
+    for draft in (None, target, "prompt-lookup"):
+        out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW, stop=[stop])
+        assert out.stats.stop_reason == "stop"
+        assert out.text == plain.text[:cut]
+        assert out.token_ids == _tokens_through(target, plain.token_ids, stop)
+
+
+def test_several_stop_strings_cut_at_the_first_in_the_text():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    words = plain.text.split()
+    early, late = words[4] + " " + words[5], words[9]
+    assert plain.text.find(early) < plain.text.find(late)
+    for stops in ([late, early], [early, late], ["never there", late, early]):
+        out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW, stop=stops)
+        assert out.text == plain.text[: plain.text.find(early)], stops
+        assert out.token_ids == _tokens_through(target, plain.token_ids, early)
+    out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW, stop=[late, "never there"])
+    assert out.text == plain.text[: plain.text.find(late)]
+
+
+def test_a_stop_string_that_never_appears_changes_nothing():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW, stop=["w1000", "x"])
+    assert out.token_ids == plain.token_ids and out.text == plain.text
+    assert out.stats.stop_reason == "max_new_tokens"
+
+
+def test_stop_checks_decode_only_the_new_tokens():
+    """A round decodes a short window of recent tokens, never the whole text: the only full decodes are
+    the final text's and, when a stop string appears, its confirmation."""
+    target = load_tiny()
+    lengths = []
+    real_decode = target.decode
+
+    def counting_decode(ids):
+        lengths.append(len(ids))
+        return real_decode(ids)
+
+    target.decode = counting_decode
+    try:
+        out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=200, stop=["never there"])
+    finally:
+        del target.decode
+    assert len(out.token_ids) == 200
+    rounds = out.stats.target_calls
+    assert max(lengths[:-1]) <= IncrementalDecoder(None).window + 2 * 5 and lengths[-1] == 200  # windows; the final text
+    assert len(lengths) <= rounds + rounds // 2 + 2  # one decode a round, one more every other round (restarts)
+
+
+def _groups(target, draft, **options):
+    groups = []
+    out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW,
+                           on_tokens=lambda toks, fd: groups.append((list(toks), list(fd))), **options)
+    return out, groups
+
+
+def test_streaming_when_eos_cuts_a_round():
+    plain = plain_greedy(load_tiny())
+    index = next(i for i in range(6, N_NEW) if plain.token_ids[i] not in plain.token_ids[:i] and i % 5 not in (0, 4))
+    target = load_tiny(eos=plain.token_ids[index])  # EOS in the middle of the target drafting for itself
+    out, groups = _groups(target, target)
+    assert out.token_ids == plain.token_ids[: index + 1] and out.stats.stop_reason == "eos"
+    assert [t for g, _ in groups for t in g] == out.token_ids  # EOS included, nothing after it
+    assert [f for _, fs in groups for f in fs] == out.from_draft
+    assert [len(g) for g, _ in groups] == [5] * (index // 5) + [index % 5 + 1]  # the last round was cut
+
+
+def test_streaming_when_a_stop_string_cuts_a_round():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    words = plain.text.split()
+    stop = words[7]
+    assert words.index(stop) == 7  # plain decoding: one word per token here
+    out, groups = _groups(target, target, stop=[stop])
+    assert out.token_ids == plain.token_ids[:8] and out.stats.stop_reason == "stop"
+    assert [t for g, _ in groups for t in g] == out.token_ids  # through the stop's last token, nothing after
+    assert [f for _, fs in groups for f in fs] == out.from_draft == [True] * 4 + [False] + [True] * 3
+    assert [len(g) for g, _ in groups] == [5, 3]
+
+
+def test_seed_replay_through_the_api():
+    """A run without a seed reports the seed it drew; running again with it gives the same tokens."""
+    target = load_tiny()
+    draft = perturbed(target, 0.3)
+    for options in ({"draft": draft, "gamma": 3}, {"draft": None}, {"draft": "random", "gamma": 2}):
+        first = specdec.generate(target, PROMPT, max_new_tokens=30, temperature=1.0, **options)
+        assert first.config.seed is None and isinstance(first.stats.seed, int)
+        again = specdec.generate(target, PROMPT, max_new_tokens=30, temperature=1.0, seed=first.stats.seed, **options)
+        assert again.token_ids == first.token_ids and again.from_draft == first.from_draft
+        other = specdec.generate(target, PROMPT, max_new_tokens=30, temperature=1.0, seed=first.stats.seed + 1, **options)
+        assert other.token_ids != first.token_ids
+
+
+def test_plain_greedy_ending_at_eos_equals_transformers_generate():
+    """Full lengths compared: both stop at the same end-of-sequence token, and keep it."""
+    plain = plain_greedy(load_tiny())
+    eos = plain.token_ids[6]
+    target = load_tiny(eos=eos)
+    out = plain_greedy(target)
+    hf = target.hf_model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=N_NEW, pad_token_id=3)
+    assert out.token_ids == hf[0, len(PROMPT):].tolist() == plain.token_ids[: plain.token_ids.index(eos) + 1]
+    assert out.stats.stop_reason == "eos" and len(out.token_ids) < N_NEW

@@ -103,3 +103,52 @@ def test_chat_without_a_template(target):
 def test_config_and_options_together(target):
     with pytest.raises(SpecDecError, match="either config= or keyword options"):
         specdec.generate(target, "w1", config=specdec.GenerationConfig(), gamma=3)
+
+
+def test_load_names_a_file_given_for_a_folder_and_checks_quantize_first(tmp_path, monkeypatch):
+    import specdec.models
+
+    monkeypatch.setattr(specdec.models, "_from_pretrained", lambda *a, **k: pytest.fail("weights were read"))
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"")
+    with pytest.raises(SpecDecError, match="model.safetensors is a file, not a model folder; give a preset name"):
+        specdec.load(file)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SpecDecError, match=r"its folder '.*' is one: pass that"):
+        specdec.load(file)
+    with pytest.raises(SpecDecError, match="unknown quantization 'int4'; use one of: int8"):
+        specdec.load(tmp_path, quantize="int4")
+    assert specdec.models.check_load(tmp_path, dtype="fp32") == "folder"
+    assert specdec.models.source_kind("qwen2.5-coder-1.5b") == "preset"
+    assert specdec.models.source_kind("Qwen/Qwen2.5-Coder-1.5B") == "hub"
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -float("inf")])
+def test_temperature_must_be_finite(target, value):
+    with pytest.raises(SpecDecError, match="temperature must be a finite number >= 0 \\(0 means greedy\\)"):
+        specdec.generate(target, "w1 w2", temperature=value)
+
+
+def test_a_prompt_of_exactly_the_context_length(target):
+    """A prompt that fills the context leaves no room for a token: a clear error. One token shorter, the
+    generation makes exactly one token (the last position's logits need no further position) and says why
+    it stopped, with or without a draft."""
+    assert target.max_context == 256
+    with pytest.raises(SpecDecError, match="the prompt has 256 tokens but tiny-llama reads at most 256; shorten"):
+        specdec.generate(target, [5] * 256)
+    for draft in (None, target, "prompt-lookup"):
+        out = specdec.generate(target, [5] * 255, draft=draft, max_new_tokens=10)
+        assert len(out.token_ids) == 1 and out.stats.stop_reason == "context"
+        assert out.token_ids == specdec.generate(target, [5] * 255, max_new_tokens=1).token_ids
+
+
+def test_generate_checks_model_names_before_loading(monkeypatch):
+    import specdec.decoding
+
+    monkeypatch.setattr(specdec.decoding, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SpecDecError, match="unknown model 'nosuch'.*as a draft, also accepted: prompt-lookup"):
+        specdec.generate("qwen2.5-coder-1.5b", "def f():", draft="nosuch")
+    with pytest.raises(SpecDecError, match="unknown model 'nosuch'"):
+        specdec.generate("qwen2.5-coder-1.5b", "def f():", draft=["qwen2.5-coder-0.5b", "nosuch"])
+    with pytest.raises(SpecDecError, match="temperature must be a finite number"):
+        specdec.generate("qwen2.5-coder-1.5b", "def f():", temperature=float("inf"))

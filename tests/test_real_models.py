@@ -15,10 +15,20 @@ TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
 
 def hf_greedy(model, prompt_ids, n):
+    """transformers' greedy continuation: all n tokens, or fewer ending with an end-of-sequence token."""
     with torch.inference_mode():
         out = model.hf_model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n,
                                       pad_token_id=model.tokenizer.pad_token_id or 0)
-    return out[0, len(prompt_ids):].tolist()
+    ids = out[0, len(prompt_ids):].tolist()
+    assert len(ids) == n or (ids and ids[-1] in model.eos_token_ids), ids
+    return ids
+
+
+def assert_equals_transformers(model, out, n):
+    """The whole output, not a prefix of transformers' (a plain output that stopped early would pass
+    that): same tokens, the same length, ending with EOS exactly when transformers' does."""
+    assert out.token_ids == hf_greedy(model, out.prompt_ids, n)
+    assert out.stats.stop_reason == ("max_new_tokens" if len(out.token_ids) == n else "eos")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +40,7 @@ def smollm():
 def test_smollm2_speculative_equals_plain_and_transformers(smollm, prompt):
     n = 40
     plain = specdec.generate(smollm, prompt, max_new_tokens=n)
-    assert plain.token_ids == hf_greedy(smollm, plain.prompt_ids, n)[: len(plain.token_ids)]
+    assert_equals_transformers(smollm, plain, n)
     for draft in (smollm, "prompt-lookup", "random", "bigram"):
         for gamma in (1, 2, 4, 8):
             out = specdec.generate(smollm, prompt, draft=draft, gamma=gamma, max_new_tokens=n)
@@ -54,7 +64,7 @@ def test_smollm2_bf16_sampling_is_seeded(smollm):
 def test_gemma3_speculative_equals_plain():
     gemma = specdec.load("gemma3-270m", dtype="fp32")
     plain = specdec.generate(gemma, TEXT_PROMPT, max_new_tokens=24)
-    assert plain.token_ids == hf_greedy(gemma, plain.prompt_ids, 24)[: len(plain.token_ids)]
+    assert_equals_transformers(gemma, plain, 24)
     for gamma in (2, 5):
         for draft in ("prompt-lookup", gemma):
             out = specdec.generate(gemma, TEXT_PROMPT, draft=draft, gamma=gamma, max_new_tokens=24)
@@ -72,7 +82,7 @@ def test_qwen_pair_speculative_equals_plain_and_transformers():
     draft = specdec.load("qwen2.5-coder-0.5b", dtype="fp32")
     n = 32
     plain = specdec.generate(target, CODE_PROMPT, max_new_tokens=n)
-    assert plain.token_ids == hf_greedy(target, plain.prompt_ids, n)[: len(plain.token_ids)]
+    assert_equals_transformers(target, plain, n)
     for d, gamma in ((draft, 1), (draft, 4), ("prompt-lookup", 4)):
         out = specdec.generate(target, CODE_PROMPT, draft=d, gamma=gamma, max_new_tokens=n)
         assert out.token_ids == plain.token_ids, (getattr(d, "name", d), gamma)

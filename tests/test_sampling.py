@@ -47,7 +47,8 @@ def test_rows_are_independent():
     "kwargs, message",
     [
         ({"temperature": -0.5}, "temperature must be >= 0"),
-        ({"temperature": float("nan")}, "temperature must be a number"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0"),
         ({"top_k": 0}, "top_k must be an integer >= 1"),
         ({"top_p": 0.0}, "top_p must be in \\(0, 1\\]"),
         ({"top_p": 1.5}, "top_p must be in \\(0, 1\\]"),

@@ -70,12 +70,18 @@ def test_jsonl_task(tmp_path):
     assert load_task(f"jsonl:{path}").metrics == ()
 
 
-@pytest.mark.parametrize("content", ['{"text": "x"}\n', "not json\n", "", '{"prompt": "p", "reference": 3}\n'])
-def test_jsonl_task_bad(tmp_path, content):
+@pytest.mark.parametrize("content, message", [
+    ('{"text": "x"}\n', 'bad.jsonl, record 1: needs a non-empty string field "prompt"'),
+    ("not json\n", "bad.jsonl, line 1: not JSON"),
+    ("", "bad.jsonl holds no records"),
+    ('{"prompt": "p", "reference": 3}\n', 'bad.jsonl, record 1: "reference" must be a string'),
+])
+def test_jsonl_task_bad(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    with pytest.raises(SpecDecError):
+    with pytest.raises(SpecDecError) as info:
         load_task(f"jsonl:{path}")
+    assert message in str(info.value)
 
 
 def test_wmt_files(tmp_path):

@@ -133,21 +133,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Streamer:
-    """Prints generated text as tokens are accepted, optionally coloured by origin."""
+    """Prints generated text as tokens are accepted, optionally coloured by origin.
+
+    Each token's text comes from an incremental decoder (specdec.text): the cost per token does not grow
+    with the length of the output."""
 
     def __init__(self, model, colour: bool):
-        self.model, self.colour = model, colour
-        self.ids: list[int] = []
-        self.printed = ""
+        from specdec.text import IncrementalDecoder
+
+        self.colour = colour
+        self.decoder = IncrementalDecoder(model.decode)
+        self.pieces: list[str] = []
+
+    @property
+    def printed(self) -> str:
+        return "".join(self.pieces)
 
     def __call__(self, tokens: list[int], from_draft: list[bool]) -> None:
         for token, drafted in zip(tokens, from_draft):
-            self.ids.append(token)
-            text = self.model.decode(self.ids)
-            if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-                continue
-            piece = text[len(self.printed):]
-            self.printed = text
+            piece = self.decoder.push([token])  # '' while a multi-byte character is incomplete
+            self.pieces.append(piece)
             if self.colour and piece:
                 piece = (COLOUR_DRAFT if drafted else COLOUR_TARGET) + piece + COLOUR_RESET
             sys.stdout.write(piece)
@@ -186,11 +191,48 @@ def _draft_quantization(args: argparse.Namespace) -> str | None:
     return None if str(method).lower() == "none" else method
 
 
+def _target_quantization(args: argparse.Namespace) -> str | None:
+    """--quantize: None (the default) or 'none' leave the target as it is."""
+    return None if args.quantize is None or str(args.quantize).lower() == "none" else args.quantize
+
+
+def _check_models(args: argparse.Namespace) -> None:
+    """Every check on --target, --draft, --dtype, --quantize, --draft-quantize, --device and --compile
+    that loading would make, made before any model loads (a 1.5B target takes seconds to load): unknown
+    names, missing files, a file where a folder is expected, unknown dtypes and quantization methods,
+    int8 off the CPU, a hierarchy with a parameter-free drafter above a model."""
+    from specdec.devices import resolve_device
+    from specdec.drafters import DRAFTER_NAMES
+    from specdec.errors import SpecDecError
+    from specdec.models import check_load
+
+    if args.compile and resolve_device(args.device).type != "cuda":
+        raise SpecDecError("--compile compiles the captured CUDA-graph steps: it needs a CUDA device "
+                           "(--device cuda); drop --compile on CPU")
+    check_load(args.target, dtype=args.dtype, quantize=_target_quantization(args), device=args.device)
+    names = args.draft or [DEFAULT_DRAFT]
+    if "none" in [n.lower() for n in names]:
+        if len(names) > 1:
+            raise SpecDecError(f"--draft none means plain decoding; it cannot be combined with other drafts "
+                               f"({', '.join(names)}): give --draft none alone, or drop it")
+        return
+    for name in names:
+        if name not in DRAFTER_NAMES:
+            try:
+                check_load(name, dtype=args.dtype, quantize=_draft_quantization(args), device=args.device)
+            except SpecDecError as err:
+                raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)}, none)") from None
+    for name, below in zip(names, names[1:]):
+        if name in DRAFTER_NAMES:
+            raise SpecDecError(f"in a hierarchy every --draft but the last must be a model, got {name!r} before "
+                               f"{below!r}; put parameter-free drafters last")
+
+
 def _load_models(args: argparse.Namespace):
     """(target, draft) as --target, --draft, --dtype, --quantize, --draft-quantize and --device say."""
     import specdec
 
-    target = specdec.load(args.target, dtype=args.dtype, quantize=args.quantize, device=args.device,
+    target = specdec.load(args.target, dtype=args.dtype, quantize=_target_quantization(args), device=args.device,
                           compile=bool(args.compile))
     return target, _load_draft(args, target)
 
@@ -230,9 +272,11 @@ def _generate(args: argparse.Namespace) -> int:
         length_penalty=args.length_penalty,
     )
     if not prompt.strip():
-        raise specdec.SpecDecError("the prompt is empty; give some text to continue")
+        raise specdec.SpecDecError("the prompt is empty; give some text to continue"
+                                   + (" (standard input was empty)" if args.prompt == "-" else ""))
+    _check_models(args)  # everything is checked before the first model loads
     started = time.perf_counter()
-    target = specdec.load(args.target, dtype=args.dtype, quantize=args.quantize, device=args.device,
+    target = specdec.load(args.target, dtype=args.dtype, quantize=_target_quantization(args), device=args.device,
                           compile=bool(args.compile))
     target_seconds = time.perf_counter() - started
     draft = _load_draft(args, target)
@@ -291,6 +335,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0 or args.timeout <= 0:
         raise SpecDecError("--max-queue must be >= 0 and --timeout > 0")
+    from specdec.config import GenerationConfig
+
+    # Checked before the models load (in the background once the server is up): the speculation options
+    # every request starts from, and the models.
+    GenerationConfig.from_options(gamma=args.gamma, gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma,
+                                  confidence=args.confidence)
+    _check_models(args)
 
     def speculation(draft: list[str] | None, gamma: int | None) -> tuple[int | None, str | None]:
         """The defaults of _default_speculation for a request's draft and gamma (None: the command line's)."""

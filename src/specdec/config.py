@@ -85,6 +85,9 @@ class GenerationConfig:
         if not isinstance(self.lenience, (int, float)) or not 0.0 < self.lenience <= 1.0:
             raise SpecDecError(f"lenience must be in (0, 1] (1 = exact), got {self.lenience!r}")
 
+        if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)) or not math.isfinite(
+                self.length_penalty):
+            raise SpecDecError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
         if isinstance(self.num_beams, bool) or not isinstance(self.num_beams, int) or self.num_beams < 1:
             raise SpecDecError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
         if self.draft_beams is not None and (not isinstance(self.draft_beams, int) or self.draft_beams < self.num_beams):

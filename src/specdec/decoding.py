@@ -27,6 +27,7 @@ from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
+from specdec.text import StopScan
 
 # on_tokens(new_token_ids, from_draft): called as tokens are accepted; from_draft[i] is True when
 # token i was proposed by the draft and accepted, False when the target produced it.
@@ -77,6 +78,7 @@ def _beam_generate(target: LanguageModel, draft: Any, prompt_ids: list[int], con
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first stop string in ``text`` starts (None: none is there)."""
     positions = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(positions) if positions else None
 
@@ -108,6 +110,7 @@ def generate(
         config = GenerationConfig.from_options(**options)
     elif options:
         raise SpecDecError("pass either config= or keyword options, not both")
+    _check_names(target, draft)
     target = load(target)
     drafter = make_drafter(draft, target, inner_gamma=config.gamma)
     prompt_ids = _prompt_ids(target, prompt, config)
@@ -121,6 +124,21 @@ def generate(
     finally:
         run.close()
     return _finish(run)
+
+
+def _check_names(target: Any, draft: Any) -> None:
+    """Models given by name are checked (presets, paths, hub ids) before the first one loads."""
+    from specdec.drafters import DRAFTER_NAMES
+    from specdec.models import source_kind
+
+    if isinstance(target, (str, os.PathLike)):
+        source_kind(target)
+    for spec in draft if isinstance(draft, (list, tuple)) else [draft]:
+        if isinstance(spec, (str, os.PathLike)) and str(spec) not in DRAFTER_NAMES:
+            try:
+                source_kind(spec)
+            except SpecDecError as err:
+                raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)})") from None
 
 
 def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
@@ -165,6 +183,7 @@ class _Run:
     on_tokens: TokenCallback | None
     t_start: float
     from_draft: list[bool] = field(default_factory=list)
+    stop_scan: StopScan | None = None  # with stop strings: finds them in each round's new text only
     stop_text: str | None = None
 
     def close(self) -> None:
@@ -186,6 +205,8 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
     run = _Run(target, prompt_ids, drafter, make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound), config,
                session, sequence, torch.tensor(sequence[-1:], dtype=torch.long).to(device), len(sequence), limit,
                new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
+    if config.stop:
+        run.stop_scan = StopScan(target.decode, config.stop)
     session.prefill(sequence[:-1])
     if drafter is not None:
         t0 = wall()
@@ -238,23 +259,32 @@ def _append(run: _Run, new: list[int], origins: list[bool]) -> None:
             break
     sequence.extend(new)
     run.from_draft.extend(origins)
-    if config.stop:
-        text = run.target.decode(sequence[run.start_len:])
-        cut = _find_stop(text, config.stop)
-        if cut is not None:
-            # Keep the tokens up to the one that completed the stop string; the text ends before it.
-            before = len(sequence) - len(new)
-            while len(sequence) > before + 1 and _find_stop(run.target.decode(sequence[run.start_len:-1]), config.stop) is not None:
-                sequence.pop()
-                run.from_draft.pop()
-            new = sequence[before:]
-            run.stop_text, done = text[:cut], "stop"
+    before = len(sequence) - len(new)
+    if run.stop_scan is not None and run.stop_scan.push(new) and _cut_at_stop(run, before):
+        new, done = sequence[before:], "stop"
     if run.on_tokens is not None and new:
         run.on_tokens(new, origins[: len(new)])
     generated = len(sequence) - run.start_len
     if not done and generated >= run.limit:
         done = "max_new_tokens" if generated >= config.max_new_tokens else "context"
     run.stats.stop_reason = done
+
+
+def _cut_at_stop(run: _Run, before: int) -> bool:
+    """Confirm a stop string on the whole generated text (once per generation, when the round's text
+    may hold one) and drop the round's tokens (those from ``before`` on) after the one that completed it.
+    Returns False (nothing cut) when the whole text holds no stop string."""
+    config, sequence = run.config, run.sequence
+    text = run.target.decode(sequence[run.start_len:])
+    cut = _find_stop(text, config.stop)
+    if cut is None:
+        return False
+    # Keep the tokens up to the one that completed the stop string; the text ends before it.
+    while len(sequence) > before + 1 and _find_stop(run.target.decode(sequence[run.start_len:-1]), config.stop) is not None:
+        sequence.pop()
+        run.from_draft.pop()
+    run.stop_text = text[:cut]
+    return True
 
 
 def _finish(run: _Run) -> GenerationOutput:

@@ -11,6 +11,7 @@ probabilities, so a near-tie cannot be broken differently by a softmax.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +33,12 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
-            raise SpecDecError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+                or not math.isfinite(self.temperature)):
+            raise SpecDecError(
+                f"temperature must be a finite number >= 0 (0 means greedy), got {self.temperature!r}; use 0 for "
+                "greedy or a positive value such as 1.0 for sampling"
+            )
         if self.temperature < 0:
             raise SpecDecError(
                 f"temperature must be >= 0 (0 means greedy), got {self.temperature}; use 0 for greedy "

@@ -18,7 +18,8 @@ from specdec.devices import resolve_device
 from specdec.errors import SpecDecError
 from specdec.models.causal import KVSession, LanguageModel
 
-__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "check_same_device", "check_same_vocabulary"]
+__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "check_load", "source_kind", "check_same_device",
+           "check_same_vocabulary"]
 
 _DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -80,9 +81,7 @@ def load(
             source.configure(engine, cuda_graphs, compile)
         return source
     target_device = resolve_device(device) if device is not None else None
-    if quantize is not None and (target_device or resolve_device("auto")).type != "cpu":
-        raise SpecDecError(f"quantize={quantize!r} (dynamic int8) runs on CPU only; on a GPU load the draft in bf16 "
-                           "(drop --draft-quantize / quantize=) or pass device='cpu'")
+    _check_quantize(quantize, target_device)
     if isinstance(source, torch.nn.Module):
         if tokenizer is None:
             raise SpecDecError("specdec.load(model) needs the model's tokenizer: specdec.load(model, tokenizer=tok)")
@@ -96,34 +95,77 @@ def load(
     # Dynamic int8 runs with float32 activations: load float32 weights so nothing is rounded twice.
     torch_dtype = torch.float32 if quantize else parse_dtype(dtype)
     text = str(source)
-    path = Path(text).expanduser()
+    kind = source_kind(text)
     gguf_file = None
-    if text in _preset_names():
+    if kind == "preset":
         return _load_preset(text, torch_dtype, quantize, name or text, target_device or resolve_device("auto"),
                             engine, cuda_graphs, compile)
-    elif path.suffix == ".gguf":
-        if not path.is_file():
-            raise SpecDecError(f"GGUF file not found: {path}")
+    if kind == "gguf":
+        path = Path(text).expanduser()
         folder, gguf_file = path.parent, path.name
-    elif path.exists():
-        if not (path / "config.json").is_file():
-            raise SpecDecError(f"{path} is not a Hugging Face model folder (no config.json in it)")
-        folder = path
-    elif "/" in text and not text.startswith((".", "/", "~")):
-        folder = text  # a hub id: only works online
     else:
-        close = difflib.get_close_matches(text, _preset_names(), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise SpecDecError(
-            f"unknown model {text!r}: not a preset, an existing path or a hub id (owner/name).{hint} "
-            f"Presets: {', '.join(_preset_names())}."
-        )
+        folder = Path(text).expanduser() if kind == "folder" else text  # a hub id: only works online
     started = time.perf_counter()
     model, tok = _from_pretrained(folder, gguf_file, torch_dtype)
     wrapped = _wrap(model.to(target_device or resolve_device("auto")), tok, name or text, quantize, engine,
                     cuda_graphs, compile)
     wrapped.load_seconds = time.perf_counter() - started
     return wrapped
+
+
+def source_kind(source: str | os.PathLike) -> str:
+    """What a model name given to :func:`load` refers to, found without loading anything: "preset",
+    "gguf" (an existing .gguf file), "folder" (a Hugging Face model folder) or "hub" (an owner/name id).
+
+    Raises a :class:`SpecDecError` that names the problem and what is expected otherwise: a missing
+    .gguf file, a file where a folder is expected, a folder without config.json, or an unknown name.
+    """
+    text = str(source)
+    path = Path(text).expanduser()
+    expected = "a preset name, a Hugging Face model folder (with config.json), a .gguf file or a hub id (owner/name)"
+    if text in _preset_names():
+        return "preset"
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SpecDecError(f"GGUF file not found: {path}")
+        return "gguf"
+    if path.is_file():
+        hint = f" (its folder {str(path.parent)!r} is one: pass that)" if (path.parent / "config.json").is_file() else ""
+        raise SpecDecError(f"{path} is a file, not a model folder{hint}; give {expected}")
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise SpecDecError(f"{path} is a folder but not a Hugging Face model folder (no config.json in it); "
+                               f"give {expected}")
+        return "folder"
+    if "/" in text and not text.startswith((".", "/", "~")):
+        return "hub"
+    close = difflib.get_close_matches(text, _preset_names(), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise SpecDecError(
+        f"unknown model {text!r}: not a preset, an existing path or a hub id (owner/name).{hint} "
+        f"Presets: {', '.join(_preset_names())}."
+    )
+
+
+def check_load(source: str | os.PathLike, *, dtype: str | torch.dtype | None = None, quantize: str | None = None,
+               device: str | torch.device | None = None) -> str:
+    """Every check :func:`load` makes before it reads a weight: the dtype, the quantization method and
+    its device, the device, and what ``source`` names (see :func:`source_kind`, whose answer it returns).
+    The CLI runs it on every model it was given before loading the first."""
+    parse_dtype(dtype)
+    _check_quantize(quantize, resolve_device(device) if device is not None else None)
+    return source_kind(source)
+
+
+def _check_quantize(quantize: str | None, device: torch.device | None) -> None:
+    if quantize is None:
+        return
+    from specdec.models.quantize import check_method
+
+    check_method(quantize)
+    if (device or resolve_device("auto")).type != "cpu":
+        raise SpecDecError(f"quantize={quantize!r} (dynamic int8) runs on CPU only; on a GPU load the draft in bf16 "
+                           "(drop --draft-quantize / quantize=) or pass device='cpu'")
 
 
 def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: str, device: torch.device,

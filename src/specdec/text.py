@@ -1,0 +1,82 @@
+"""The text of a growing generation, at a cost per round that does not grow with its length.
+
+Decoding every generated token again after each round, to print it or to look for stop strings, is
+quadratic in the output length. :class:`IncrementalDecoder` decodes only a short window of recent tokens;
+:class:`StopScan` looks for stop strings only in the text a round added, plus the characters before it
+that a stop string ending in that text can reach back to.
+
+    >>> d = IncrementalDecoder(lambda ids: "".join(ids))
+    >>> d.push(["a", "b"]), d.push(["c"])
+    ('ab', 'c')
+    >>> s = StopScan(lambda ids: "".join(ids), ["END"])
+    >>> s.push(["x", "E"]), s.push(["N"]), s.push(["D", "y"])
+    (False, False, True)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+
+class IncrementalDecoder:
+    """Turns token groups into the text they add to the decoded sequence, one short decode per group.
+
+    decode: token ids -> text (a model's ``decode``). The decoder keeps a window of recent tokens and
+    the text it has returned for them; a push decodes the window with the new tokens and returns what
+    the text gained. When more than ``window`` tokens precede a group, the window then restarts at that
+    group, which stays as the context of the next (as text-generation-inference does: a tokenizer may
+    decode a token differently at the start of a sequence, a leading space). A group that ends inside a multi-byte
+    character adds '' until a later group completes it; a group that adds no text at all (special
+    tokens, skipped by ``decode``) is forgotten. The pushes' results joined equal ``decode(all ids)``
+    for the usual tokenizers (byte-level BPE, SentencePiece, word-level); a tokenizer that cleans up
+    spaces across a window boundary may differ there.
+    """
+
+    def __init__(self, decode: Callable[[list], str], window: int = 8):
+        self.decode, self.window = decode, window
+        self.ids: list = []  # the window: tokens from its start to the end
+        self.text = ""  # the window's text, as far as it was returned
+        self.read = 0  # tokens of the window whose text was returned; later ones wait for a character's end
+
+    def push(self, ids: Sequence) -> str:
+        """The text that ``ids``, appended to the tokens pushed before, add ('' while it is incomplete)."""
+        self.ids.extend(ids)
+        text = self.decode(self.ids)
+        if text == self.text:  # tokens without text (special tokens): forget them, or the window would grow
+            del self.ids[self.read:]
+            return ""
+        if text.endswith("\ufffd") or len(text) < len(self.text):  # an incomplete character: wait for the rest
+            return ""
+        added = text[len(self.text):]
+        if self.read > self.window:  # more than `window` tokens before this group: restart the window at it
+            del self.ids[:self.read]
+            self.text = self.decode(self.ids)
+        else:
+            self.text = text
+        self.read = len(self.ids)
+        return added
+
+
+class StopScan:
+    """Says when the text of a generation may contain a stop string, reading each round's text once.
+
+    A stop string that was not in the text before a round can only end in the text the round added, so
+    a round searches that text and the ``longest stop string - 1`` characters before it: the cost of a
+    round is its own tokens, whatever the length of the generation. A True is a candidate: the loop
+    confirms it on the whole decoded text (once per generation) before it cuts.
+    """
+
+    def __init__(self, decode: Callable[[list], str], stop: Sequence[str]):
+        self.stop = tuple(stop)
+        self.keep = max(len(s) for s in self.stop) - 1
+        self.decoder = IncrementalDecoder(decode)
+        self.tail = ""  # the last `keep` characters of the text so far
+
+    def push(self, ids: Sequence) -> bool:
+        """True when a stop string ends in the text that ``ids`` (the round's new tokens) add."""
+        window = self.tail + self.decoder.push(ids)
+        self.tail = window[-self.keep:] if self.keep else ""
+        for s in self.stop:
+            if s in window:
+                return True
+        return False
