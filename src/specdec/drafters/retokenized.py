@@ -303,13 +303,16 @@ class RetokenizedDrafter(DrafterBase):
             proposal = tokens
             if len(tokens) > k:
                 break
-        # 3. The fixed target tokens: all but the last, unless the draft's text ended there.
+        # 3. The fixed target tokens: all but the last, unless the draft's text ended there; none past
+        #    the target's width (a tokenizer may know more tokens than the model has logits for).
         if ended:
             if self._target_eos is not None:
                 proposal = proposal + [self._target_eos]
         else:
             proposal = proposal[:-1]
-        return Draft.from_ids(proposal[:k], ctx.device)
+        proposal = proposal[:k]
+        outside = [i for i, x in enumerate(proposal) if not 0 <= x < ctx.vocab_size]
+        return Draft.from_ids(proposal[: outside[0]] if outside else proposal, ctx.device)
 
     def _pick(self, logits: torch.Tensor) -> int | None:
         """The next draft token, standardized as the target is (argmax when greedy); None when unsure."""
