@@ -71,10 +71,27 @@ def test_gemma3_speculative_equals_plain():
             assert out.token_ids == plain.token_ids
 
 
-def test_mismatched_real_tokenizers(smollm):
-    gemma = specdec.load("gemma3-270m")
-    with pytest.raises(specdec.SpecDecError, match="does not share the target's vocabulary"):
-        specdec.generate(smollm, "hello", draft=gemma)
+def test_a_draft_with_another_real_tokenizer(smollm):
+    # Gemma 3 (SentencePiece-style, 262k tokens) drafts text for SmolLM2 (byte-level BPE, 49k tokens).
+    gemma = specdec.load("gemma3-270m", dtype="fp32")
+    plain = specdec.generate(smollm, TEXT_PROMPT, max_new_tokens=24)
+    out = specdec.generate(smollm, TEXT_PROMPT, draft=gemma, gamma=3, max_new_tokens=24)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.accepted > 0
+
+
+def test_smollm2_drafts_for_the_qwen_target(smollm):
+    # Issue 16: SmolLM2-135M (another tokenizer) drafting for Qwen2.5-Coder 1.5B, greedy, fp32: the
+    # tokens are plain decoding's, raw text and chat template alike.
+    target = specdec.load("qwen2.5-coder-1.5b", dtype="fp32")
+    n = 32
+    for prompt, chat, gammas in ((CODE_PROMPT, False, (2, 4)), (TEXT_PROMPT, False, (4,)),
+                                 ("Write a haiku about the sea.", True, (4,))):
+        plain = specdec.generate(target, prompt, chat=chat, max_new_tokens=n)
+        for gamma in gammas:
+            out = specdec.generate(target, prompt, chat=chat, draft=smollm, gamma=gamma, max_new_tokens=n)
+            assert out.token_ids == plain.token_ids, (prompt, gamma)
+            assert out.stats.accepted > 0 and out.stats.time_convert > 0
 
 
 def test_qwen_pair_speculative_equals_plain_and_transformers():

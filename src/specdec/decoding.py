@@ -303,6 +303,10 @@ def _finish(run: _Run) -> GenerationOutput:
         stats.not_exact_reason = (f"the target is dynamically quantized ({target.quantization}): its logits depend on "
                                   "how many tokens a forward pass covers, so verification is not token-identical to "
                                   "its own plain decoding")
+    level = drafter
+    while level is not None:  # a draft with another tokenizer, at any level of a hierarchy
+        stats.time_convert += getattr(level, "convert_seconds", 0.0)
+        level = getattr(level, "inner", None)
     if hasattr(drafter, "level_stats"):
         stats.levels = drafter.level_stats()
     if drafter is not None:

@@ -34,6 +34,7 @@ class GenerationStats:
     beta_count: int = 0
     time_draft: float = 0.0
     time_target: float = 0.0
+    time_convert: float = 0.0  # part of time_draft: a draft with another tokenizer, converting text and tokens
     time_total: float = 0.0
     seed: int | None = None
     stop_reason: str = ""
@@ -95,6 +96,7 @@ class GenerationStats:
             "alpha": self.alpha,
             "time_draft_s": self.time_draft,
             "time_target_s": self.time_target,
+            "time_convert_s": self.time_convert,
             "time_other_s": self.time_other,
             "time_total_s": self.time_total,
             "tokens_per_second": self.tokens_per_second,
@@ -117,7 +119,8 @@ class GenerationStats:
             f"mean accepted length {fmt(self.mean_accepted_length, '.2f')} (bonus token included)",
             f"drafted {self.drafted}, accepted {self.accepted} (rate {fmt(self.acceptance_rate)}), alpha {fmt(self.alpha)}",
             "acceptance per position: " + " ".join(f"{a:.2f}" for a in self.acceptance_per_position),
-            f"time: draft {self.time_draft:.2f} s, target {self.time_target:.2f} s, other {self.time_other:.2f} s",
+            f"time: draft {self.time_draft:.2f} s, target {self.time_target:.2f} s, other {self.time_other:.2f} s"
+            + (f" (of the draft's, {self.time_convert:.3f} s converting between tokenizers)" if self.time_convert else ""),
         ]
         for level in self.levels:
             lines.append(

@@ -59,7 +59,7 @@ from specdec.bench.tasks import Task, encode_item, has_chat_template, load_task
 from specdec.bench.floor import floor_markdown, weight_floor
 from specdec.devices import Stopwatch, describe, resolve_device
 from specdec.errors import SpecDecError
-from specdec.models import LanguageModel
+from specdec.models import LanguageModel, same_vocabulary
 from specdec.schedules import SCHEDULES
 
 __all__ = ["add_arguments", "run", "main", "METHODS", "load_humaneval", "load_jsonl", "load_task"]
@@ -326,7 +326,10 @@ def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], p
             runners[cell.label] = hf_runner(target, s, prompt_lookup=True)
         else:
             name, quant = parse_spec(cell.draft)[0]
-            runners[cell.label] = hf_runner(target, s, assistant=pool.get(name, quant).hf_model)
+            assistant = pool.get(name, quant)
+            # another tokenizer: transformers' universal assisted generation (it converts through text)
+            other = None if same_vocabulary(target, assistant) else assistant.tokenizer
+            runners[cell.label] = hf_runner(target, s, assistant=assistant.hf_model, assistant_tokenizer=other)
     return runners
 
 
@@ -505,6 +508,15 @@ def forward_time(model: LanguageModel, prompt_ids: list[int], k: int, repeats: i
     return median(times[1:])
 
 
+def _own_tokens(model: LanguageModel, target: LanguageModel, ids: list[int]) -> list[int]:
+    """``ids`` (target tokens) as ``model``'s tokens: the same ids when they share a vocabulary, else the text."""
+    if same_vocabulary(target, model):
+        return ids
+    from specdec.drafters.retokenized import decode_text, encode_text
+
+    return encode_text(model.tokenizer, decode_text(target.tokenizer, ids)) or ids[:1]
+
+
 def measure_costs(target: LanguageModel, models: dict[str, list[LanguageModel]], prompt_ids: list[int],
                   gammas: list[int], repeats: int = 5) -> dict[str, Any]:
     """Median times of single cached forward passes, measured once per run: the target over 1 and
@@ -529,8 +541,8 @@ def measure_costs(target: LanguageModel, models: dict[str, list[LanguageModel]],
         entry: dict[str, Any] = {"models": [m.name for m in levels]}
         times = []
         for m in levels:
-            if id(m) not in seen:
-                seen[id(m)] = step(m, 1)
+            if id(m) not in seen:  # a draft with another tokenizer reads the prompt's text in its own tokens
+                seen[id(m)] = forward_time(m, _own_tokens(m, target, seq), 1, repeats)
             times.append(seen[id(m)])
         entry["k1_s"] = times
         entry["c_levels"] = [t / t1 for t in times]

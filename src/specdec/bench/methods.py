@@ -5,7 +5,8 @@
 - ``hf-plain``: ``transformers`` ``model.generate`` (greedy, or plain sampling at temperature > 0);
 - ``hf-assisted``: ``transformers`` assisted generation with the same draft model and gamma
   (``num_assistant_tokens=gamma``, schedule ``constant``, confidence threshold off), or its prompt
-  lookup when the draft is ``prompt-lookup``;
+  lookup when the draft is ``prompt-lookup``; a draft with another tokenizer runs transformers'
+  universal assisted generation (``tokenizer=`` and ``assistant_tokenizer=``);
 - ``llama-cpp``: llama.cpp (``llama-cpp-python``, the optional extra ``specdec[llama]``) plain decoding of
   the target's own GGUF file (a preset's packaged Q4_K_M file, or a ``.gguf`` target) with the same
   prompt token ids and the same thread count. Its weights are the quantized GGUF ones, so its tokens
@@ -136,10 +137,16 @@ def assistant_settings(draft_hf: Any, gamma: int) -> Iterator[dict[str, Any]]:
             setattr(config, k, v)
 
 
-def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prompt_lookup: bool = False) -> Runner:
+def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prompt_lookup: bool = False,
+              assistant_tokenizer: Any = None) -> Runner:
+    """transformers' generate: plain, with prompt lookup, or assisted by ``assistant`` (a transformers model);
+    ``assistant_tokenizer``: the assistant's tokenizer when it differs from the target's (universal assisted
+    generation, which converts the assistant's tokens through text)."""
     kwargs = hf_generate_kwargs(target, s)
     if prompt_lookup:
         kwargs["prompt_lookup_num_tokens"] = s.gamma
+    if assistant_tokenizer is not None:
+        kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=assistant_tokenizer)
     model = target.hf_model
 
     def run(prompt_ids: Sequence[int]) -> Trial:

@@ -1,7 +1,8 @@
 """Drafters: the approximation models M_q that propose tokens for the target to verify.
 
-Built in: a smaller model with the target's tokenizer, prompt lookup (copy from the context),
-unigram and bigram models, and random tokens. Anything with ``start``/``propose``/``update``
+Built in: a smaller model with the target's tokenizer, a model with another tokenizer (it drafts
+text, see :mod:`specdec.drafters.retokenized`), prompt lookup (copy from the context), unigram and
+bigram models, and random tokens. Anything with ``start``/``propose``/``update``
 (see :class:`~specdec.drafters.base.Drafter`) works too.
 """
 
@@ -15,11 +16,12 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
 from specdec.drafters.random_tokens import RandomDrafter
+from specdec.drafters.retokenized import RetokenizedDrafter
 from specdec.errors import SpecDecError
 
 __all__ = [
     "Draft", "DraftContext", "Drafter", "DrafterBase", "ModelDrafter", "NGramDrafter",
-    "PromptLookupDrafter", "RandomDrafter", "SpeculativeDrafter", "find_continuation", "make_drafter", "DRAFTER_NAMES",
+    "PromptLookupDrafter", "RandomDrafter", "RetokenizedDrafter", "SpeculativeDrafter", "find_continuation", "make_drafter", "DRAFTER_NAMES",
 ]
 
 DRAFTER_NAMES = {
@@ -37,8 +39,10 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
     ``random``), a loaded model, anything :func:`specdec.load` accepts (a preset name, a folder...),
     a ready :class:`Drafter`, or a list of these for hierarchical drafting: ``[M_1, M_2, ...]`` where
     each model level is accelerated by the levels after it (all but the last must be models).
+    A model whose tokenizer differs from the target's drafts text (:class:`RetokenizedDrafter`); in a
+    hierarchy it can only be the last level.
     """
-    from specdec.models import LanguageModel, check_same_device, check_same_vocabulary, load
+    from specdec.models import LanguageModel, check_same_device, load, same_vocabulary
 
     if spec is None:
         return None
@@ -48,6 +52,11 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
         if len(spec) == 1:
             return make_drafter(spec[0], target, dtype, inner_gamma)
         top = make_drafter(spec[0], target, dtype, inner_gamma)
+        if isinstance(top, RetokenizedDrafter):
+            raise SpecDecError(
+                f"in a hierarchy every level but the last must share the target's tokenizer; {top.name!r} has "
+                "another one: put it last (it drafts text for the level above it)"
+            )
         if not isinstance(top, ModelDrafter):
             raise SpecDecError(
                 f"in a hierarchy every level but the last must be a model, got {getattr(top, 'name', spec[0])!r} "
@@ -72,5 +81,17 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
             f"draft ({', '.join(DRAFTER_NAMES)})"
         )
     check_same_device(target, model)
-    check_same_vocabulary(target, model)
-    return ModelDrafter(model)
+    for who, m in (("draft", model), ("target", target)):
+        if getattr(m, "tokenizer", None) is None:
+            raise SpecDecError(
+                f"the {who} {m.name!r} has no tokenizer: specdec compares the draft's tokenizer with the target's "
+                "(and a draft with another one drafts text); load it with its tokenizer: specdec.load(model, tokenizer=tok)"
+            )
+    if same_vocabulary(target, model):
+        return ModelDrafter(model)
+    if target.is_encoder_decoder:
+        raise SpecDecError(
+            f"the draft {model.name!r} does not share the target's vocabulary (an encoder-decoder target): a draft "
+            "with another tokenizer needs a decoder-only target"
+        )
+    return RetokenizedDrafter(model, target.tokenizer)

@@ -19,7 +19,7 @@ from specdec.errors import SpecDecError
 from specdec.models.causal import KVSession, LanguageModel
 
 __all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "check_load", "source_kind", "check_same_device",
-           "check_same_vocabulary"]
+           "check_same_vocabulary", "same_vocabulary"]
 
 _DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -242,18 +242,22 @@ def check_same_device(target: LanguageModel, draft: LanguageModel) -> None:
         )
 
 
-def check_same_vocabulary(target: LanguageModel, draft: LanguageModel) -> None:
-    """A model draft must tokenize exactly as the target does: same token list, same ids.
+def same_vocabulary(target: LanguageModel, draft: LanguageModel) -> bool:
+    """Whether two models tokenize exactly alike: same token list, same ids.
 
     Compares the models' vocabulary fingerprints, computed once per model: reading a 150k-token
     vocabulary costs about 0.2 s, which used to be paid on every ``generate`` call.
     """
     if target.tokenizer is draft.tokenizer:
-        return
-    if len(target.tokenizer) != len(draft.tokenizer) or target.vocabulary_fingerprint != draft.vocabulary_fingerprint:
+        return True
+    return len(target.tokenizer) == len(draft.tokenizer) and target.vocabulary_fingerprint == draft.vocabulary_fingerprint
+
+
+def check_same_vocabulary(target: LanguageModel, draft: LanguageModel) -> None:
+    """A draft that proposes target tokens with probabilities (beam search) must share the target's vocabulary."""
+    if not same_vocabulary(target, draft):
         raise SpecDecError(
             f"the draft {draft.name!r} does not share the target's vocabulary ({len(draft.tokenizer)} vs "
-            f"{len(target.tokenizer)} tokens, or different ids): speculative decoding needs a draft with the "
-            "same tokenizer, e.g. a smaller model of the same family, or a parameter-free draft "
-            "('prompt-lookup', 'bigram', 'unigram', 'random')"
+            f"{len(target.tokenizer)} tokens, or different ids): speculative beam search needs a draft with the "
+            "same tokenizer, e.g. a smaller model of the same family, or prompt lookup"
         )
