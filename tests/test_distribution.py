@@ -5,7 +5,6 @@ The exact joint distribution of the first two generated tokens is computed from 
 goodness-of-fit test at significance 1e-3 (seeded, so deterministic).
 """
 
-import itertools
 
 import pytest
 import torch

@@ -1,13 +1,12 @@
 """Bad input: each case raises SpecDecError with a message that names the problem and the fix."""
 
 import pytest
-import torch
 from transformers import PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import specdec
 from specdec import SpecDecError
-from tiny import VOCAB, load_tiny, tiny_model, tiny_tokenizer
+from tiny import VOCAB, load_tiny, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from specdec import SpecDecError
 from specdec.models.seq2seq import Seq2SeqLanguageModel, Seq2SeqSession
 from specdec.sampling import SamplingParams, standardize
 from stats_util import chi_square_pvalue
-from tiny import load_tiny, perturbed, tiny_model, tiny_seq2seq, tiny_tokenizer
+from tiny import load_tiny, perturbed, tiny_seq2seq
 
 SOURCE = [10, 11, 12, 13, 14, 15, 10, 11, 12, 16]
 N_NEW = 30
