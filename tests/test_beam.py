@@ -206,7 +206,7 @@ def tiny():
         (dict(num_beams=2, draft="prompt-lookup"), "prompt lookup gives no probabilities"),
         (dict(num_beams=2, max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
         (dict(num_beams=2, early_stopping="sometimes"), "early_stopping must be"),
-        (dict(num_beams=2, length_penalty="long"), "length_penalty must be a number"),
+        (dict(num_beams=2, length_penalty="long"), "length_penalty must be a finite number"),
     ],
 )
 def test_bad_input_raises_clear_errors(tiny, options, message):

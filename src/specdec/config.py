@@ -99,9 +99,6 @@ class GenerationConfig:
                 f"unknown beam mode {self.beam_mode!r}: beam_mode must be 'exact' or 'report' ('exact': paper "
                 "Appendix A.4, identical to plain beam search; 'report': the report's Algorithm 2, approximate)"
             )
-        if (isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float))
-                or math.isnan(self.length_penalty)):
-            raise SpecDecError(f"length_penalty must be a number, got {self.length_penalty!r}")
         if self.early_stopping not in (True, False, "never"):
             raise SpecDecError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if self.num_beams > 1:
