@@ -41,12 +41,18 @@ def _fake_convert(calls):
     return convert
 
 
-def test_variants_are_made_on_demand_and_added_atomically(monkeypatch, tmp_path):
+def _install_fake_preset(monkeypatch, tmp_path) -> list:
+    """Preset "fake" with its parts in tmp_path and a recording converter; returns the converter's calls."""
     preset, chunks = _fake_preset(tmp_path)
     monkeypatch.setitem(presets.PRESETS, "fake", preset)
     monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
     calls: list = []
     monkeypatch.setattr(presets, "_convert", _fake_convert(calls))
+    return calls
+
+
+def test_variants_are_made_on_demand_and_added_atomically(monkeypatch, tmp_path):
+    calls = _install_fake_preset(monkeypatch, tmp_path)
     cache = tmp_path / "cache"
     final = cache / "models" / "fake"
 
@@ -68,10 +74,7 @@ def test_variants_are_made_on_demand_and_added_atomically(monkeypatch, tmp_path)
 
 
 def test_interrupted_variant_leaves_the_folder_as_it_was(monkeypatch, tmp_path):
-    preset, chunks = _fake_preset(tmp_path)
-    monkeypatch.setitem(presets.PRESETS, "fake", preset)
-    monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
-    monkeypatch.setattr(presets, "_convert", _fake_convert([]))
+    _install_fake_preset(monkeypatch, tmp_path)
     cache = tmp_path / "cache"
     final = resolve_preset("fake", cache_dir=cache, progress=False)
     before = sorted(p.name for p in final.iterdir())
@@ -90,16 +93,12 @@ def test_interrupted_variant_leaves_the_folder_as_it_was(monkeypatch, tmp_path):
 
 def test_format_1_folder_is_rebuilt(monkeypatch, tmp_path):
     """A folder of the old layout (one float32 model.safetensors, format 1) is converted again."""
-    preset, chunks = _fake_preset(tmp_path)
-    monkeypatch.setitem(presets.PRESETS, "fake", preset)
-    monkeypatch.setattr(presets, "_locate_parts", lambda p: chunks)
-    calls: list = []
-    monkeypatch.setattr(presets, "_convert", _fake_convert(calls))
+    calls = _install_fake_preset(monkeypatch, tmp_path)
     final = tmp_path / "cache" / "models" / "fake"
     final.mkdir(parents=True)
     (final / "config.json").write_text("{}")
     (final / "model.safetensors").write_bytes(b"old float32")
-    (final / presets.MARKER_FILE).write_text(json.dumps({"sha256": preset.sha256, "format_version": 1}))
+    (final / presets.MARKER_FILE).write_text(json.dumps({"sha256": presets.PRESETS["fake"].sha256, "format_version": 1}))
     resolve_preset("fake", cache_dir=tmp_path / "cache", progress=False)
     assert calls == [("bf16", True)]
     assert (final / "model.safetensors").read_bytes() == b"bf16"
