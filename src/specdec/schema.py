@@ -32,6 +32,7 @@ STATS_SCHEMA = _object({
     "mean_accepted_length": _NULLABLE_NUMBER,  # tokens per target call, the bonus token included
     "alpha": _NULLABLE_NUMBER,
     "time_draft_s": _NUMBER,
+    "time_convert_s": _NUMBER,  # part of time_draft_s: a draft with another tokenizer converting text and tokens
     "time_target_s": _NUMBER,
     "time_other_s": _NUMBER,
     "time_total_s": _NUMBER,
