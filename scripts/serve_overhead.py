@@ -144,10 +144,10 @@ def main() -> int:
     try:
         import specdec
 
-        target, draft = cli._load_models(serve_args)
-        gamma, schedule = cli._default_speculation(serve_args)
-        config = specdec.GenerationConfig.from_options(gamma=gamma, gamma_schedule=schedule, max_gamma=serve_args.max_gamma,
-                                                       confidence=serve_args.confidence, max_new_tokens=args.max_tokens)
+        target, draft = cli.load_models(serve_args)
+        config = specdec.GenerationConfig.for_draft(
+            cli.draft_spec(serve_args), gamma=serve_args.gamma, gamma_schedule=serve_args.gamma_schedule,
+            max_gamma=serve_args.max_gamma, confidence=serve_args.confidence, max_new_tokens=args.max_tokens)
         deadline = time.monotonic() + 1800
         while True:
             assert proc.poll() is None, "the server exited: " + Path(log.name).read_text()
@@ -177,8 +177,8 @@ def main() -> int:
         tmp.cleanup()
 
     result = {
-        "models": {"target": serve_args.target, "draft": cli._draft_label(draft), "dtype": serve_args.dtype,
-                   "gamma": gamma, "gamma_schedule": schedule},
+        "models": {"target": serve_args.target, "draft": cli.draft_label(draft), "dtype": serve_args.dtype,
+                   "gamma": config.gamma, "gamma_schedule": config.gamma_schedule},
         "max_tokens": args.max_tokens, "prompts": len(rows), "threads": torch.get_num_threads(),
         "cpu": {"machine": platform.machine(), "cores": os.cpu_count(),
                 "flags": sorted({f for f in ("amx_tile", "avx512_bf16", "avx2")

@@ -44,17 +44,24 @@ def test_generate_streams_text_and_prints_statistics(capsys, model_dir):
     assert "mean accepted length" in out and "alpha 1.000" in out  # the target drafting for itself
 
 
-def test_model_drafts_are_int8_by_default_and_exact(capsys, model_dir):
-    code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir, "--dtype", "fp32",
-                       "--max-new-tokens", "10", "--json")
+def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys, model_dir):
+    code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir + ":int8",
+                       "--dtype", "fp32", "--max-new-tokens", "10", "--json")
     plain = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=10)
     assert code == 0 and json.loads(out)["token_ids"] == plain.token_ids
-    from specdec.cli import DEFAULT_DRAFT_QUANTIZE, _draft_quantization, build_parser
+    from specdec.cli import draft_spec, build_parser
 
-    assert DEFAULT_DRAFT_QUANTIZE == "int8"
-    # int8 on CPU; none on CUDA (dynamic int8 is CPU-only); an explicit choice wins everywhere
-    assert _draft_quantization(build_parser().parse_args(["generate", "x", "--device", "cpu"])) == "int8"
-    assert _draft_quantization(build_parser().parse_args(["generate", "x", "--draft-quantize", "none"])) is None
+    def spec(*argv):
+        return draft_spec(build_parser().parse_args(["generate", "x", *argv]))
+
+    # int8 on CPU; unquantized on CUDA (dynamic int8 is CPU-only); an explicit choice wins everywhere
+    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8"
+    assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
+    assert spec("--draft", "m", "--draft-quantize", "int8") == "m:int8"
+    # one syntax: repeated --draft is the hierarchy A<-B; --draft-quantize fills the levels that name none
+    assert spec("--draft", "a", "--draft", "b:int8-tensor", "--draft", "bigram", "--draft-quantize", "int8") \
+        == spec("--draft", "a<-b:int8-tensor<-bigram", "--draft-quantize", "int8") == "a:int8<-b:int8-tensor<-bigram"
+    assert spec("--draft", "none") == "none"
 
 
 def test_colour_marks_draft_and_target_tokens(capsys, model_dir):
@@ -83,7 +90,7 @@ def test_plain_decoding_with_draft_none(capsys, model_dir):
     ],
 )
 def test_bad_input_gives_a_clear_error_without_traceback(capsys, model_dir, argv, message):
-    base = ["generate", "w1 w2", "--target", model_dir, "--draft", "prompt-lookup"]
+    base = ["generate", "w1 w2", "--target", model_dir] + ([] if "--draft" in argv else ["--draft", "prompt-lookup"])
     code, out, err = run(capsys, *base, *argv)
     assert code == 2
     assert "specdec: error: " in err and message in err
@@ -117,20 +124,40 @@ def test_presets_lists_every_preset(capsys):
         assert name in out
 
 
-def test_default_gamma_and_schedule_follow_the_draft():
-    def args(*argv, gamma=None, schedule=None):
-        return argparse.Namespace(draft=list(argv) or None, draft_quantize="int8", num_beams=None, gamma=gamma,
-                                  gamma_schedule=schedule)
+def test_the_python_api_reads_the_same_draft_syntax(model_dir):
+    target = specdec.load(model_dir, dtype="fp32")
+    plain = specdec.generate(target, "w1 w2 w3", max_new_tokens=10)
+    out = specdec.generate(target, "w1 w2 w3", draft=f"{model_dir}:int8<-bigram", gamma=3, max_new_tokens=10)
+    assert out.token_ids == plain.token_ids
+    assert len(out.stats.levels) == 1 and out.stats.drafted > 0  # a hierarchy: the int8 model drafted with bigram
+    from specdec.drafters.spec import load_draft
 
-    default = cli._default_speculation(args())  # the default int8 model draft: start at 6, adapt
-    assert default == (cli.DEFAULT_GAMMA_INT8_DRAFT, cli.DEFAULT_SCHEDULE_INT8_DRAFT) == (6, "adaptive")
-    assert cli._default_speculation(args(gamma=3)) == (3, None)  # --gamma alone: constant, as in the paper
-    assert cli._default_speculation(args(schedule="heuristic")) == (6, "heuristic")
-    assert cli._default_speculation(args("prompt-lookup")) == (None, None)  # the library defaults: 4, constant
-    assert cli._default_speculation(args("a", "prompt-lookup", gamma=5)) == (5, None)  # a hierarchy
-    none = args("some/model")
-    none.draft_quantize = "none"
-    assert cli._default_speculation(none) == (None, None)
+    model, below = load_draft(f"{model_dir}:int8<-bigram", target)
+    assert below == "bigram" and model.quantization == "int8"
+    with pytest.raises(specdec.SpecDecError, match="'bigram' has no weights to quantize"):
+        specdec.generate(target, "w1 w2 w3", draft="bigram:int8", max_new_tokens=2)
+
+
+def test_default_gamma_and_schedule_follow_the_draft():
+    from specdec.config import INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE, GenerationConfig, speculation_defaults
+
+    default = speculation_defaults("m:int8")  # one int8 model draft (the CPU default): start at 6, adapt
+    assert default == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE) == (6, "adaptive")
+    assert speculation_defaults("m:int8", gamma=3) == (3, None)  # gamma alone: constant, as in the paper
+    assert speculation_defaults("m:int8", gamma_schedule="heuristic") == (6, "heuristic")
+    assert speculation_defaults("prompt-lookup") == (None, None)  # the library defaults: 4, constant
+    assert speculation_defaults("a:int8<-prompt-lookup", gamma=5) == (5, None)  # a hierarchy
+    assert speculation_defaults("a:int8<-prompt-lookup") == (None, None)
+    assert speculation_defaults("some/model") == (None, None)  # an unquantized draft
+    assert speculation_defaults("m:int8", num_beams=2) == (None, None)  # beam search
+    assert speculation_defaults("none") == (None, None)
+    # the Python API sees the same policy
+    config = GenerationConfig.for_draft("m:int8", max_new_tokens=5)
+    assert (config.gamma, config.gamma_schedule, config.max_new_tokens) == (6, "adaptive", 5)
+    assert (GenerationConfig.for_draft("bigram").gamma, GenerationConfig.for_draft(None).gamma) == (4, 4)
+    # the CLI applies it to the draft it runs
+    args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu"])
+    assert speculation_defaults(cli.draft_spec(args)) == (6, "adaptive")
 
 
 @pytest.fixture()
@@ -159,8 +186,11 @@ def no_loading(monkeypatch):
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--compile", "--device", "cpu"], "--compile compiles the captured CUDA-graph steps: it needs a CUDA device"),
         (["--draft", "prompt-lookup", "--draft", "qwen2.5-coder-0.5b"],
-         "every --draft but the last must be a model, got 'prompt-lookup'"),
-        (["--draft", "none", "--draft", "bigram"], "--draft none means plain decoding; it cannot be combined"),
+         "every level but the last must be a model; put 'prompt-lookup' last"),
+        (["--draft", "prompt-lookup<-qwen2.5-coder-0.5b"],
+         "every level but the last must be a model; put 'prompt-lookup' last"),
+        (["--draft", "bigram:int8"], "'bigram' has no weights to quantize"),
+        (["--draft", "none", "--draft", "bigram"], "'none' means plain decoding; it cannot be part of the hierarchy"),
         (["--gamma", "0"], "gamma must be an integer >= 1"),
         (["--gamma", "4", "--max-gamma", "2"], "max_gamma must be an integer >= gamma (4)"),
         (["--temperature", "inf"], "temperature must be a finite number >= 0 (0 means greedy), got inf"),

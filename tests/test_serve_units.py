@@ -121,7 +121,10 @@ def test_serve_command_exits_with_the_load_error(capsys, tmp_path):
 
 def test_serve_options():
     args = cli.build_parser().parse_args(["serve"])
-    assert (args.host, args.port, args.max_queue, args.device, args.target) == ("127.0.0.1", 8000, 16, None, cli.DEFAULT_TARGET)
-    assert cli._default_speculation(args) == (cli.DEFAULT_GAMMA_INT8_DRAFT, cli.DEFAULT_SCHEDULE_INT8_DRAFT)
+    from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE, speculation_defaults
+
+    assert (args.host, args.port, args.max_queue, args.device, args.target) == ("127.0.0.1", 8000, 16, None, DEFAULT_TARGET)
+    cpu = cli.build_parser().parse_args(["serve", "--device", "cpu"])
+    assert speculation_defaults(cli.draft_spec(cpu)) == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE)
     assert cli.build_parser().parse_args(["serve", "--device", "cpu"]).device == "cpu"
     assert cli.main(["serve", "--max-queue", "-1"]) == 2

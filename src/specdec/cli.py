@@ -13,22 +13,7 @@ import sys
 import time
 from typing import Sequence
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-# A draft's quantization never changes the output, only alpha and speed; int8 was the fastest exact
-# configuration measured on CPU (README, Benchmark).
-DEFAULT_DRAFT_QUANTIZE = "int8"
-# gamma with one int8 model draft. Theorem 8 (specdec.analysis.optimal_gamma) with what the packaged pair
-# measured on HumanEval (alpha 0.92, in-loop c 0.21) gives 7, on a flat curve (gamma 6 to 9 within 1%);
-# verifying more tokens is not free on CPU (7 tokens cost 1.13x one step, 5 tokens 1.10x), and gamma 6
-# measured faster than 4 (README, Benchmark). Other drafts keep the library default (4).
-DEFAULT_GAMMA_INT8_DRAFT = 6
-# ... and it drafts adaptively from there (specdec.schedules.AdaptiveSchedule: Theorem 8 on the measured
-# alpha, c and verification cost s, plain steps where no gamma pays). Whether verifying gamma + 1 tokens is
-# nearly free depends on the CPU: 7 tokens cost 1.13-1.27x one step in bf16 on an AMX Xeon, 5.9x on an
-# AVX2-only EPYC, where constant gamma 6 ran at 0.87x plain decoding and the adaptive schedule at 0.95x
-# (README, "When verification is not free"). --gamma N alone drafts a constant N, as in the paper.
-DEFAULT_SCHEDULE_INT8_DRAFT = "adaptive"
+from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA
 
 # ANSI colours for --color: tokens accepted from the draft vs tokens produced by the target (paper Figure 1).
 COLOUR_DRAFT = "\033[32m"  # green
@@ -39,15 +24,15 @@ COLOUR_RESET = "\033[0m"
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     """The models and how they speculate: shared by generate and serve."""
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: preset, folder, hub id or .gguf (default {DEFAULT_TARGET})")
-    p.add_argument("--draft", action="append", default=None,
-                   help=f"draft: a model (preset, folder, hub id, .gguf), or prompt-lookup, bigram, unigram, random; "
-                        f"'none' for plain decoding (default {DEFAULT_DRAFT}). Repeat for hierarchical drafting: "
-                        "--draft MODEL --draft prompt-lookup (each model level is drafted for by the next)")
+    p.add_argument("--draft", action="append", default=None, metavar="SPEC",
+                   help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
+                        ":int8 or :int8-tensor, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
+                        "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
+                        "decoding (default: qwen2.5-coder-0.5b:int8 on CPU, qwen2.5-coder-0.5b on CUDA)")
     p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
     p.add_argument("--draft-quantize", default=None, metavar="METHOD",
-                   help="quantize a model draft: int8 (the default on CPU: per-channel dynamic int8, measured 2.2x plain "
-                        "decoding against 1.5x for a bf16 draft, see README), int8-tensor, or none (the default on "
-                        "CUDA: int8 dynamic quantization is CPU-only); never changes the output")
+                   help="int8 or int8-tensor for every model level of --draft that names no quantization of its own "
+                        "(the same as writing :METHOD after it); never changes the output")
     p.add_argument("--device", default=None,
                    help="auto (default: CUDA when available, else CPU), cpu, cuda or cuda:N; target and draft run there")
     p.add_argument("--compile", action="store_true", default=None,
@@ -59,7 +44,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                         "tokens a pass covers; measured 1/20 greedy outputs equal), so it is a speed option only")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft tokens per target call (default: with one int8 model draft, the default, start at "
-                        f"{DEFAULT_GAMMA_INT8_DRAFT} and adapt; else 4, constant)")
+                        f"{INT8_DRAFT_GAMMA} and adapt; else 4, constant)")
     p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
                    help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
                         "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "
@@ -159,36 +144,24 @@ class _Streamer:
         sys.stdout.flush()
 
 
-def _load_draft(args: argparse.Namespace, target):
-    """The --draft options: 'none', drafter names, or models loaded like the target (a list: a hierarchy)."""
-    import specdec
-    from specdec.drafters import DRAFTER_NAMES
+def draft_spec(args: argparse.Namespace) -> str:
+    """--draft (levels of repeated options joined as a hierarchy) with --draft-quantize applied, or the
+    default draft of the device; 'none' for plain decoding."""
+    from specdec.config import default_draft
+    from specdec.drafters.spec import PLAIN, is_plain, join_levels, with_default_quantization
 
-    names = args.draft or [DEFAULT_DRAFT]
-    if [n.lower() for n in names] == ["none"]:
-        return None
-    drafts = []
-    quantize = _draft_quantization(args)
-    for name in names:
-        if name in DRAFTER_NAMES:
-            drafts.append(name)
-            continue
-        try:
-            drafts.append(specdec.load(name, dtype=args.dtype, quantize=quantize, device=target.device,
-                                       compile=bool(args.compile)))
-        except specdec.SpecDecError as err:
-            raise specdec.SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)}, none)") from None
-    return drafts[0] if len(drafts) == 1 else drafts
-
-
-def _draft_quantization(args: argparse.Namespace) -> str | None:
-    """--draft-quantize, defaulting to int8 on CPU and to none on CUDA (dynamic int8 is CPU-only)."""
-    from specdec.devices import resolve_device
-
+    spec = join_levels(args.draft) if args.draft else default_draft(args.device)
+    if is_plain(spec):
+        return PLAIN
     method = args.draft_quantize
-    if method is None:
-        method = DEFAULT_DRAFT_QUANTIZE if resolve_device(args.device).type == "cpu" else "none"
-    return None if str(method).lower() == "none" else method
+    return with_default_quantization(spec, None if method is None or str(method).lower() == "none" else method)
+
+
+def _load_draft(args: argparse.Namespace, target):
+    """The draft that --draft names, loaded like the target (None: plain decoding; a list: a hierarchy)."""
+    from specdec.drafters.spec import load_draft
+
+    return load_draft(draft_spec(args), target, dtype=args.dtype, compile=bool(args.compile))
 
 
 def _target_quantization(args: argparse.Namespace) -> str | None:
@@ -202,7 +175,7 @@ def _check_models(args: argparse.Namespace) -> None:
     names, missing files, a file where a folder is expected, unknown dtypes and quantization methods,
     int8 off the CPU, a hierarchy with a parameter-free drafter above a model."""
     from specdec.devices import resolve_device
-    from specdec.drafters import DRAFTER_NAMES
+    from specdec.drafters.spec import check_draft
     from specdec.errors import SpecDecError
     from specdec.models import check_load
 
@@ -210,25 +183,10 @@ def _check_models(args: argparse.Namespace) -> None:
         raise SpecDecError("--compile compiles the captured CUDA-graph steps: it needs a CUDA device "
                            "(--device cuda); drop --compile on CPU")
     check_load(args.target, dtype=args.dtype, quantize=_target_quantization(args), device=args.device)
-    names = args.draft or [DEFAULT_DRAFT]
-    if "none" in [n.lower() for n in names]:
-        if len(names) > 1:
-            raise SpecDecError(f"--draft none means plain decoding; it cannot be combined with other drafts "
-                               f"({', '.join(names)}): give --draft none alone, or drop it")
-        return
-    for name in names:
-        if name not in DRAFTER_NAMES:
-            try:
-                check_load(name, dtype=args.dtype, quantize=_draft_quantization(args), device=args.device)
-            except SpecDecError as err:
-                raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)}, none)") from None
-    for name, below in zip(names, names[1:]):
-        if name in DRAFTER_NAMES:
-            raise SpecDecError(f"in a hierarchy every --draft but the last must be a model, got {name!r} before "
-                               f"{below!r}; put parameter-free drafters last")
+    check_draft(draft_spec(args), dtype=args.dtype, device=args.device)
 
 
-def _load_models(args: argparse.Namespace):
+def load_models(args: argparse.Namespace):
     """(target, draft) as --target, --draft, --dtype, --quantize, --draft-quantize and --device say."""
     import specdec
 
@@ -237,37 +195,20 @@ def _load_models(args: argparse.Namespace):
     return target, _load_draft(args, target)
 
 
-def _draft_label(draft) -> str:
+def draft_label(draft) -> str:
     if draft is None:
         return "none"
     return " <- ".join(getattr(d, "name", str(d)) for d in (draft if isinstance(draft, list) else [draft]))
-
-
-def _default_speculation(args: argparse.Namespace) -> tuple[int | None, str | None]:
-    """(gamma, gamma_schedule) to pass on; None leaves the library default (gamma 4, constant).
-
-    With one int8-quantized model draft (the default setup) gamma defaults to DEFAULT_GAMMA_INT8_DRAFT and,
-    when --gamma is not given either, the schedule to DEFAULT_SCHEDULE_INT8_DRAFT.
-    """
-    from specdec.drafters import DRAFTER_NAMES
-
-    names = args.draft or [DEFAULT_DRAFT]
-    one_model = len(names) == 1 and names[0].lower() != "none" and names[0] not in DRAFTER_NAMES
-    default_setup = one_model and _draft_quantization(args) == "int8" and (getattr(args, "num_beams", None) or 1) <= 1
-    if not default_setup or args.gamma is not None:
-        return args.gamma, args.gamma_schedule
-    return DEFAULT_GAMMA_INT8_DRAFT, args.gamma_schedule or DEFAULT_SCHEDULE_INT8_DRAFT
 
 
 def _generate(args: argparse.Namespace) -> int:
     import specdec
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    gamma, gamma_schedule = _default_speculation(args)
-    config = specdec.GenerationConfig.from_options(
-        gamma=gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    config = specdec.GenerationConfig.for_draft(
+        draft_spec(args), gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
-        gamma_schedule=gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
+        gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
         lenience=args.lenience, num_beams=args.num_beams, draft_beams=args.draft_beams, beam_mode=args.beam_mode,
         length_penalty=args.length_penalty,
     )
@@ -295,7 +236,7 @@ def _generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n\n")
     if colour:
         sys.stdout.write(f"{COLOUR_DRAFT}accepted from the draft{COLOUR_RESET}  {COLOUR_TARGET}produced by the target{COLOUR_RESET}\n")
-    print(f"target {target.name}, draft {_draft_label(draft)}")
+    print(f"target {target.name}, draft {draft_label(draft)}")
     print(out.stats.summary())
     if "beam" in out.extra:
         beam = out.extra["beam"]
@@ -343,14 +284,17 @@ def _serve(args: argparse.Namespace) -> int:
                                   confidence=args.confidence)
     _check_models(args)
 
-    def speculation(draft: list[str] | None, gamma: int | None) -> tuple[int | None, str | None]:
-        """The defaults of _default_speculation for a request's draft and gamma (None: the command line's)."""
-        request = {"draft": draft or args.draft, "gamma": args.gamma if gamma is None else gamma}
-        return _default_speculation(argparse.Namespace(**{**vars(args), **request}))
+    def speculation(draft: str | None, gamma: int | None) -> tuple[int | None, str | None]:
+        """The speculation defaults (specdec.config.speculation_defaults) for a request's draft specification
+        and gamma (None: the command line's)."""
+        from specdec.config import speculation_defaults
+
+        return speculation_defaults(draft or draft_spec(args), args.gamma if gamma is None else gamma,
+                                    args.gamma_schedule)
 
     def load() -> serve.Served:
-        target, draft = _load_models(args)
-        return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=_draft_label(draft),
+        target, draft = load_models(args)
+        return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
                             speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
                             timeout=args.timeout)
 

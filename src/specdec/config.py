@@ -1,5 +1,12 @@
-"""One validated configuration for a generation. The Python API and the CLI both build it; neither
-re-declares its defaults."""
+"""One validated configuration for a generation, and the defaults and policies that the Python API, the CLI,
+the server and the benchmarks share: none of them re-declares a default.
+
+- Generation settings: the fields of :class:`GenerationConfig`.
+- The models: :data:`DEFAULT_TARGET`, and :func:`default_draft` (the packaged 0.5B draft, int8 on CPU where
+  dynamic int8 runs, unquantized on CUDA).
+- Speculation per draft kind: :func:`speculation_defaults` (gamma and schedule for a draft specification),
+  which :meth:`GenerationConfig.for_draft` applies.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,42 @@ from typing import Any
 
 from specdec.errors import SpecDecError
 from specdec.sampling import SamplingParams
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b"
+# Dynamic int8 (torch.ao) runs on CPU only; a draft's quantization changes speed and alpha, never the output.
+DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
+DEFAULT_GAMMA = 4
+# One int8 model draft: start at this gamma (Theorem 8 on the packaged pair's measured alpha and c; README,
+# "Benchmark") and adapt from there (specdec.schedules.AdaptiveSchedule), unless gamma is given.
+INT8_DRAFT_GAMMA = 6
+INT8_DRAFT_SCHEDULE = "adaptive"
+# The varying schedules' upper bound on gamma when max_gamma is not given: max(MAX_GAMMA_FLOOR, gamma).
+MAX_GAMMA_FLOOR = 12
+
+
+def default_draft(device: Any = None) -> str:
+    """The draft specification used when none is given (CLI, server): the 0.5B, int8 on CPU."""
+    from specdec.devices import resolve_device
+
+    on_cpu = resolve_device(device).type == "cpu"
+    return f"{DEFAULT_DRAFT_MODEL}:{DEFAULT_DRAFT_QUANTIZE_CPU}" if on_cpu else DEFAULT_DRAFT_MODEL
+
+
+def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,
+                         num_beams: int | None = None) -> tuple[int | None, str | None]:
+    """(gamma, gamma_schedule) for ``draft`` (a draft specification, see specdec.drafters.spec); None leaves
+    the GenerationConfig default. One int8 model draft outside beam search starts at INT8_DRAFT_GAMMA and,
+    when gamma is not given either, adapts (INT8_DRAFT_SCHEDULE); every other draft keeps the defaults.
+    A given gamma alone drafts a constant gamma, as in the paper."""
+    from specdec.drafters.spec import is_plain, model_levels, parse_spec
+
+    if not isinstance(draft, str) or is_plain(draft) or gamma is not None or (num_beams or 1) > 1:
+        return gamma, gamma_schedule
+    levels = parse_spec(draft)
+    if len(levels) != 1 or model_levels(draft) != levels or levels[0].quantize != "int8":
+        return gamma, gamma_schedule
+    return INT8_DRAFT_GAMMA, gamma_schedule or INT8_DRAFT_SCHEDULE
 
 
 @dataclass(frozen=True)
@@ -36,7 +79,7 @@ class GenerationConfig:
     length_penalty, early_stopping: beam search settings, as in transformers.
     """
 
-    gamma: int = 4
+    gamma: int = DEFAULT_GAMMA
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
@@ -118,7 +161,7 @@ class GenerationConfig:
 
     @property
     def gamma_bound(self) -> int:
-        return self.max_gamma if self.max_gamma is not None else max(12, self.gamma)
+        return self.max_gamma if self.max_gamma is not None else max(MAX_GAMMA_FLOOR, self.gamma)
 
     @property
     def exact(self) -> bool:
@@ -137,6 +180,14 @@ class GenerationConfig:
         if unknown:
             raise SpecDecError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         return cls(**{k: v for k, v in options.items() if v is not None})
+
+    @classmethod
+    def for_draft(cls, draft: Any, **options: Any) -> "GenerationConfig":
+        """:meth:`from_options` with the speculation defaults of ``draft`` (a draft specification such as
+        ``"qwen2.5-coder-0.5b:int8"``): what the CLI and the server run for that draft."""
+        gamma, schedule = speculation_defaults(draft, options.get("gamma"), options.get("gamma_schedule"),
+                                               options.get("num_beams"))
+        return cls.from_options(**{**options, "gamma": gamma, "gamma_schedule": schedule})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -133,7 +133,10 @@ def _check_names(target: Any, draft: Any) -> None:
 
     if isinstance(target, (str, os.PathLike)):
         source_kind(target)
-    for spec in draft if isinstance(draft, (list, tuple)) else [draft]:
+    from specdec.drafters.spec import is_spec, model_levels
+
+    names = [level.name for level in model_levels(draft)] if is_spec(draft) else draft
+    for spec in names if isinstance(names, (list, tuple)) else [names]:
         if isinstance(spec, (str, os.PathLike)) and str(spec) not in DRAFTER_NAMES:
             try:
                 source_kind(spec)

@@ -1,14 +1,8 @@
-"""Draft specifications shared by ``specdec bench`` and ``specdec alpha``, and the models they load.
+"""The drafts of ``specdec bench`` and ``specdec alpha``, written in the one draft syntax
+(:mod:`specdec.drafters.spec`: ``qwen2.5-coder-0.5b:int8<-prompt-lookup``), and the models they load.
 
-A draft is written as one string:
-
-    SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
-    LEVEL := NAME [":" QUANT]         NAME: a model (preset, folder, hub id) or prompt-lookup, unigram,
-                                      bigram, random; QUANT: int8 or int8-tensor (a model only)
-
-e.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``'qwen2.5-coder-0.5b<-prompt-lookup'`` (quote
-it in a shell), ``bigram``. Unigram and bigram drafts are fitted once on a corpus when one is given
-(a fixed model, as in the paper's Table 3), else on the prompt and the generated text.
+Unigram and bigram drafts are fitted once on a corpus when one is given (a fixed model, as in the paper's
+Table 3), else on the prompt and the generated text.
 """
 
 from __future__ import annotations
@@ -17,34 +11,12 @@ from typing import Any, Sequence
 
 from specdec.devices import resolve_device
 from specdec.drafters import DRAFTER_NAMES, DraftContext, DrafterBase, NGramDrafter
+from specdec.drafters.spec import parse_spec
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 
-QUANTIZATIONS = ("int8", "int8-tensor")
-
-
-def parse_spec(spec: str) -> list[tuple[str, str | None]]:
-    """``"a:int8<-b"`` -> ``[("a", "int8"), ("b", None)]``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise SpecDecError(f"empty draft specification {spec!r}")
-    levels = []
-    for part in spec.split("<-"):
-        part = part.strip()
-        name, quant = part, None
-        head, sep, tail = part.rpartition(":")
-        if sep and tail in QUANTIZATIONS:
-            name, quant = head, tail
-        if not name:
-            raise SpecDecError(f"draft specification {spec!r} has an empty level")
-        if quant is not None and name in DRAFTER_NAMES:
-            raise SpecDecError(f"{name!r} has no weights to quantize (in {spec!r})")
-        levels.append((name, quant))
-    for name, _ in levels[:-1]:
-        if name in DRAFTER_NAMES:
-            raise SpecDecError(
-                f"in the hierarchy {spec!r} every level but the last must be a model; put {name!r} last"
-            )
-    return levels
+__all__ = ["CorpusNGramDrafter", "ModelPool", "build_draft", "corpus_ids", "is_model_spec", "needs_corpus",
+           "parse_spec", "spec_models"]
 
 
 def is_model_spec(spec: str) -> bool:

@@ -17,6 +17,7 @@ from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
 from specdec.drafters.random_tokens import RandomDrafter
 from specdec.drafters.retokenized import RetokenizedDrafter
+from specdec.drafters.spec import is_spec, load_draft
 from specdec.errors import SpecDecError
 
 __all__ = [
@@ -37,6 +38,7 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
 
     spec: None (plain decoding), a drafter name (``prompt-lookup``, ``unigram``, ``bigram``,
     ``random``), a loaded model, anything :func:`specdec.load` accepts (a preset name, a folder...),
+    a draft specification (``"qwen2.5-coder-0.5b:int8<-prompt-lookup"``, see :mod:`specdec.drafters.spec`),
     a ready :class:`Drafter`, or a list of these for hierarchical drafting: ``[M_1, M_2, ...]`` where
     each model level is accelerated by the levels after it (all but the last must be models).
     A model whose tokenizer differs from the target's drafts text (:class:`RetokenizedDrafter`); in a
@@ -46,6 +48,8 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
 
     if spec is None:
         return None
+    if is_spec(spec):  # a hierarchy or a quantized level, written as one string
+        return make_drafter(load_draft(spec, target, dtype), target, dtype, inner_gamma)
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise SpecDecError("draft=[] is empty; give one draft, or a list [model, cheaper draft, ...]")

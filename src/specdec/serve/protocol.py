@@ -52,15 +52,15 @@ class APIError(Exception):
 class Served:
     """What the server serves: the loaded models and the speculative defaults of the command line.
 
-    speculation(draft_names, gamma) -> (gamma, gamma_schedule): the CLI's rule (specdec.cli._default_speculation)
-    for the draft a request uses (None: the server's) and the request's gamma (None: the server's).
+    speculation(draft_spec, gamma) -> (gamma, gamma_schedule): specdec.config.speculation_defaults for the draft
+    a request uses (None: the server's) and the request's gamma (None: the server's).
     """
 
     model_id: str
     target: Any
     draft: Any
     draft_label: str
-    speculation: Callable[[list[str] | None, int | None], tuple[int | None, str | None]]
+    speculation: Callable[[str | None, int | None], tuple[int | None, str | None]]
     options: dict[str, Any]  # further GenerationConfig fields from the command line (max_gamma, confidence)
     timeout: float
 
@@ -158,17 +158,18 @@ def _chat_prompt(body: dict, target: Any) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # BatchEncoding in recent transformers
 
 
-def _draft(body: dict, served: Served) -> tuple[Any, str, list[str] | None]:
-    """(draft for specdec.generate, its label, the draft names for the speculation rule)."""
+def _draft(body: dict, served: Served) -> tuple[Any, str, str | None]:
+    """(draft for specdec.generate, its label, its draft specification for the speculation defaults; None:
+    the server's)."""
     from specdec.drafters import DRAFTER_NAMES
 
     name = body.get("draft")
     if name is None or name in ("default", served.draft_label):
         return served.draft, served.draft_label, None
     if name == "none":
-        return None, "none", ["none"]
+        return None, "none", "none"
     if name in DRAFTER_NAMES:
-        return name, name, [name]
+        return name, name, name
     allowed = ", ".join(["none", "default", served.draft_label, *DRAFTER_NAMES])
     raise APIError(400, f"'draft' must be one of {allowed}; got {name!r}", param="draft")
 
@@ -223,8 +224,8 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
         raise APIError(400, f"this model's context is {context} tokens; you asked for {len(prompt_ids)} in the "
                             f"{where} + {max_tokens} to generate", param="max_tokens", code="context_length_exceeded")
 
-    draft, label, names = _draft(body, served)
-    gamma, schedule = served.speculation(names, gamma)
+    draft, label, spec = _draft(body, served)
+    gamma, schedule = served.speculation(spec, gamma)
     config = _config({**served.options, **fields, "gamma": gamma, "gamma_schedule": schedule})
     return GenerationRequest(
         chat=chat, prompt_ids=prompt_ids, config=config, draft=draft, draft_label=label, stream=stream,

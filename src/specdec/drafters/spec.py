@@ -1,0 +1,132 @@
+"""The draft specification: one string names a draft in the Python API, the CLI, the server and the benchmarks.
+
+    SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
+    LEVEL := NAME [":" QUANT]         NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
+                                      drafter (prompt-lookup, unigram, bigram, random); QUANT: int8 or
+                                      int8-tensor (model levels only; without it the model runs unquantized)
+
+e.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``qwen2.5-coder-0.5b:int8<-prompt-lookup`` (quote
+it in a shell), ``bigram``, ``smollm2-135m:int8`` (a draft with another tokenizer). ``none`` means plain
+decoding where a draft may be chosen (the CLI, the server).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+from specdec.errors import SpecDecError
+
+QUANTIZATIONS = ("int8", "int8-tensor")
+HIERARCHY_ARROW = "<-"
+PLAIN = "none"  # no draft: plain decoding
+
+
+class DraftLevel(NamedTuple):
+    name: str  # a model or a parameter-free drafter
+    quantize: str | None  # int8 / int8-tensor for a model level, else None
+
+
+def _drafter_names() -> Any:
+    from specdec.drafters import DRAFTER_NAMES
+
+    return DRAFTER_NAMES
+
+
+def is_spec(value: Any) -> bool:
+    """True for a string that only the spec grammar reads: a hierarchy or a quantized level."""
+    if not isinstance(value, str):
+        return False
+    return HIERARCHY_ARROW in value or any(value.strip().endswith(":" + q) for q in QUANTIZATIONS)
+
+
+def parse_spec(spec: str) -> list[DraftLevel]:
+    """``"a:int8<-b"`` -> ``[DraftLevel("a", "int8"), DraftLevel("b", None)]``, checked: no empty level, no
+    quantized drafter, parameter-free drafters last."""
+    drafters = _drafter_names()
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecDecError(f"empty draft specification {spec!r}; give e.g. qwen2.5-coder-0.5b:int8 or prompt-lookup")
+    levels = []
+    for part in spec.split(HIERARCHY_ARROW):
+        part = part.strip()
+        name, quant = part, None
+        head, sep, tail = part.rpartition(":")
+        if sep and tail in QUANTIZATIONS:
+            name, quant = head.strip(), tail
+        if not name:
+            raise SpecDecError(f"draft specification {spec!r} has an empty level")
+        if quant is not None and name in drafters:
+            raise SpecDecError(f"{name!r} has no weights to quantize (in {spec!r}); drop :{quant}")
+        levels.append(DraftLevel(name, quant))
+    if len(levels) > 1 and any(level.name.lower() == PLAIN for level in levels):
+        raise SpecDecError(f"'{PLAIN}' means plain decoding; it cannot be part of the hierarchy {spec!r}")
+    for level, below in zip(levels, levels[1:]):
+        if level.name in drafters:
+            raise SpecDecError(
+                f"in the hierarchy {spec!r} every level but the last must be a model; put {level.name!r} last "
+                f"(it stands before {below.name!r}): parameter-free drafters draft for the model above them"
+            )
+    return levels
+
+
+def join_levels(parts: Sequence[str]) -> str:
+    """Several specs (the CLI's repeated --draft) as one hierarchy: ``["a", "b"]`` -> ``"a<-b"``."""
+    return HIERARCHY_ARROW.join(p.strip() for p in parts)
+
+
+def format_spec(levels: Sequence[DraftLevel]) -> str:
+    return HIERARCHY_ARROW.join(f"{lv.name}:{lv.quantize}" if lv.quantize else lv.name for lv in levels)
+
+
+def with_default_quantization(spec: str, quantize: str | None) -> str:
+    """``spec`` with ``quantize`` on each model level that names none (the CLI's --draft-quantize)."""
+    if quantize is None:
+        return spec
+    drafters = _drafter_names()
+    return format_spec([DraftLevel(lv.name, lv.quantize or (None if lv.name in drafters else quantize))
+                        for lv in parse_spec(spec)])
+
+
+def is_plain(spec: str | None) -> bool:
+    return spec is None or (isinstance(spec, str) and spec.strip().lower() == PLAIN)
+
+
+def model_levels(spec: str) -> list[DraftLevel]:
+    """The model levels of ``spec`` (those with weights), in level order."""
+    drafters = _drafter_names()
+    return [lv for lv in parse_spec(spec) if lv.name not in drafters]
+
+
+def load_draft(spec: str, target: Any, dtype: Any = None, compile: bool = False) -> Any:
+    """What :func:`specdec.generate` takes as ``draft=`` for ``spec``: None for ``none``, a drafter name, a
+    loaded model, or a list of them (a hierarchy). Models load like the target (its device, its dtype
+    unless ``dtype`` says otherwise), each with its level's quantization."""
+    from specdec.models import load
+
+    if is_plain(spec):
+        return None
+    drafters = _drafter_names()
+    out = []
+    for level in parse_spec(spec):
+        if level.name in drafters:
+            out.append(level.name)
+            continue
+        try:
+            out.append(load(level.name, dtype=dtype if dtype is not None else target.dtype, quantize=level.quantize,
+                            device=target.device, compile=compile))
+        except SpecDecError as err:
+            raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(drafters)}, {PLAIN})") from None
+    return out[0] if len(out) == 1 else out
+
+
+def check_draft(spec: str, dtype: Any = None, device: Any = None) -> None:
+    """Every check :func:`load_draft` would make, without loading anything (unknown names, missing files,
+    unknown quantization methods, int8 off the CPU, drafters above a model)."""
+    from specdec.models import check_load
+
+    if is_plain(spec):
+        return
+    for level in model_levels(spec):
+        try:
+            check_load(level.name, dtype=dtype, quantize=level.quantize, device=device)
+        except SpecDecError as err:
+            raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(_drafter_names())}, {PLAIN})") from None
