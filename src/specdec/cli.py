@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Sequence
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
 # A draft's quantization never changes the output, only alpha and speed; int8 was the fastest exact
 # configuration measured on CPU (README, Benchmark).
 DEFAULT_DRAFT_QUANTIZE = "int8"
@@ -360,7 +360,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _presets() -> int:
-    from specdec.models.presets import PRESETS
+    from specdec.models.catalog import PRESETS
 
     for name, preset in PRESETS.items():
         print(f"{name:22s} {preset.description}\n{'':22s} install: {preset.pip_command}")

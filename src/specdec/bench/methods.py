@@ -165,14 +165,15 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
 
 def has_gguf(target: str) -> bool:
     """Whether llama.cpp can run ``target`` (a preset name or a .gguf file)."""
-    from specdec.models.presets import PRESETS
+    from specdec.models.catalog import PRESETS
 
     return target in PRESETS or (target.endswith(".gguf") and Path(target).expanduser().is_file())
 
 
 def target_gguf(target: LanguageModel | str) -> Path:
     """The GGUF file llama.cpp runs for ``target``: a preset's packaged file, or the ``.gguf`` path itself."""
-    from specdec.models.presets import PRESETS, preset_gguf
+    from specdec.models.catalog import PRESETS
+    from specdec.models.presets import preset_gguf
 
     name = str(target if isinstance(target, str) else target.name)
     if not has_gguf(name):

@@ -41,7 +41,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 
 
 def _preset_names() -> list[str]:
-    from specdec.models.presets import PRESETS
+    from specdec.models.catalog import PRESETS
 
     return list(PRESETS)
 
