@@ -52,9 +52,8 @@ from specdec.bench.drafts import (
 from specdec.bench.methods import (METHODS, Settings, Trial, default_methods, has_gguf, hf_runner, llama_cpp_runner, load_llama_cpp,
                                    specdec_runner, target_gguf)
 from specdec.bench.metrics import score
-from specdec.bench.prompts import Prompt, load_humaneval, load_jsonl
 from specdec.bench.report import compare, grid_markdown, machine_info, speedups, summarize, table, write_csv
-from specdec.bench.tasks import Task, encode_item, has_chat_template, load_task
+from specdec.bench.tasks import Prompt, Task, encode_item, has_chat_template, load_humaneval, load_jsonl, load_task, ngram_corpus
 from specdec.bench.floor import floor_markdown, weight_floor
 from specdec.devices import Stopwatch, describe, resolve_device
 from specdec.errors import SpecDecError
@@ -278,7 +277,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     task = _task(args)
     target = target if target is not None else pool.get(args.target, args.quantize)
     uses_drafts = "specdec-spec" in methods or "hf-assisted" in methods
-    corpus_text, corpus_source = _corpus(args, task)
+    corpus_text, corpus_source = ngram_corpus(args.ngram_corpus, task)
     ids_corpus = corpus_ids(corpus_text, target) if uses_drafts and needs_corpus(grid.drafts) else None
     drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in grid.drafts} if uses_drafts else {}
     cells = build_cells(methods, grid, args.gamma)
@@ -295,17 +294,6 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
         return _measure(args, task, prompt_ids, target, drafts, pool, cells, grid, methods, corpus_source, progress)
     finally:
         gc.unfreeze()
-
-
-def _corpus(args: argparse.Namespace, task: Task) -> tuple[str | None, str]:
-    if args.ngram_corpus == "task":
-        return task.corpus, task.corpus_source
-    if args.ngram_corpus == "prompt":
-        return None, "the prompt and the generated text (no corpus)"
-    path = Path(args.ngram_corpus).expanduser()
-    if not path.is_file():
-        raise SpecDecError(f"--ngram-corpus: {path} is not a file (use 'task', 'prompt' or a text file)")
-    return path.read_text(encoding="utf-8"), str(path)
 
 
 def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], pool: ModelPool, temperature: float,

