@@ -51,6 +51,7 @@ __all__ = ["add_arguments", "generate", "main", "plan", "run_beam"]
 
 #: The gain over the best fixed gamma that adaptive or hierarchical drafting is asked to reach.
 EXTENSION_TARGET_GAIN = 0.15
+SECONDS_PER_MINUTE = 60
 
 
 def extension_summary(result: dict[str, Any]) -> str:
@@ -156,9 +157,9 @@ def generate(args: argparse.Namespace, *, pool: ModelPool | None = None, target:
     summary = {
         "command": _command(args),
         "mode": "quick" if args.quick else "full",
-        "minutes": (time.perf_counter() - t_start) / 60,
+        "minutes": (time.perf_counter() - t_start) / SECONDS_PER_MINUTE,
         # None when a reused step's output predates the recorded step time
-        "measured_minutes": (sum(doc["step_seconds"] for _, doc in done) / 60
+        "measured_minutes": (sum(doc["step_seconds"] for _, doc in done) / SECONDS_PER_MINUTE
                              if all("step_seconds" in doc for _, doc in done) else None),
         "machine": {**machine_info(_dtype_name(loaded, args.dtype)), "load_average_before": load_before,
                     "load_average_after": load_average() if load_before is not None else None},
