@@ -26,6 +26,7 @@ ALPHA_LENIENCES = "1,0.5,0.3,0.1"  # paper Table 5's form
 ALPHA_DRAFTS = ("{d}", "{d}:int8", "unigram", "bigram", "prompt-lookup", "random")
 SPEED_METHODS = "specdec-plain,specdec-spec,hf-plain,hf-assisted"
 EXTENSION_METHODS = "specdec-plain,specdec-spec"
+EXTENSION_TEMPERATURES = "0"  # greedy: every setting's tokens are checked against plain decoding
 BEAM_GAMMA = 3
 
 # n prompts, max new tokens, gammas, drafts ("{d}" is the draft model) per task; "*" for other tasks.
@@ -104,7 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the plan's commands and stop")
 
 
-
 def plan(args: argparse.Namespace) -> list[Step]:
     """The steps of a results run, each with the arguments of its ``specdec alpha`` / ``bench`` command."""
     p = QUICK if args.quick else FULL
@@ -148,7 +148,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
         steps.append(Step("extension", f"extension_{step_stem(code_task)}",
                           f"fixed gamma vs schedules vs hierarchies, {code_task}", [
                               *common, "--task", code_task, "--n-prompts", n(e["n_prompts"]),
-                              "--max-new-tokens", tokens(e["max_new_tokens"]), "--temperatures", "0",
+                              "--max-new-tokens", tokens(e["max_new_tokens"]), "--temperatures", EXTENSION_TEMPERATURES,
                               "--gammas", e["gammas"], "--gamma", str(DEFAULT_GAMMA), "--gamma-schedules", e["schedules"],
                               "--leniences", e["leniences"], "--methods", EXTENSION_METHODS,
                               "--drafts", *drafts(e["drafts"])]))
