@@ -20,8 +20,8 @@ import time
 from datetime import datetime, timezone
 
 import specdec
-from specdec.bench.metrics import HUMANEVAL_STOPS, humaneval_results
-from specdec.bench.prompts import load_humaneval
+from specdec.bench.metrics import humaneval_results
+from specdec.bench.tasks import HUMANEVAL_STOPS, load_humaneval
 
 CONFIGS = {
     # name: (target quantization, use --draft)

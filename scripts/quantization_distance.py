@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 import torch
 
 import specdec
-from specdec.bench.prompts import humaneval_path
+from specdec.bench.tasks import humaneval_path
 from specdec.models.quantize import METHODS
 
 

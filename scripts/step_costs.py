@@ -18,7 +18,7 @@ import sys
 import torch
 
 import specdec
-from specdec.bench import forward_time
+from specdec.bench.timing import forward_time
 
 FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"}}
 

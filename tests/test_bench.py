@@ -8,8 +8,10 @@ import json
 import pytest
 
 import specdec.bench as bench
+from specdec.bench.aggregation import first_difference
+from specdec.bench.grid import select_methods
 from specdec.bench.methods import METHODS
-from specdec.bench.report import first_difference, table
+from specdec.bench.report import table
 from specdec.errors import SpecDecError
 from tiny import load_tiny, perturbed
 
@@ -185,5 +187,5 @@ def test_llama_cpp_method_errors(monkeypatch):
     assert "llama-cpp" in METHODS and "llama-cpp" not in methods.default_methods()
     monkeypatch.setattr(methods, "llama_cpp_installed", lambda: True)
     assert methods.default_methods() == METHODS
-    assert "llama-cpp" in bench._methods(None, "qwen2.5-coder-1.5b")  # a preset: its GGUF is packaged
-    assert "llama-cpp" not in bench._methods(None, "some/hf-folder")  # the default leaves it out, no error
+    assert "llama-cpp" in select_methods(None, "qwen2.5-coder-1.5b")  # a preset: its GGUF is packaged
+    assert "llama-cpp" not in select_methods(None, "some/hf-folder")  # the default leaves it out, no error

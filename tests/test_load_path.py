@@ -16,6 +16,7 @@ import torch
 
 import specdec
 from specdec.models import presets
+from specdec.models.gguf_convert import strip_gguf_quantization
 from specdec.models.presets import PRESETS, VARIANTS, resolve_preset
 
 
@@ -162,7 +163,7 @@ def old_folders(tmp_path_factory):
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
                 quantization_config=GgufConfig(dequantize=True),
             )
-            presets._strip_gguf_quantization(model)
+            strip_gguf_quantization(model)
             model.save_pretrained(root / "old" / name)
             del model
             gguf.unlink()

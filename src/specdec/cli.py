@@ -41,7 +41,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default=None, metavar="METHOD",
                    help="quantize the TARGET (opt-in, labelled): a different model from the original; with a draft the "
                         "output is NOT exact even for the quantized model (dynamic int8 logits depend on how many "
-                        "tokens a pass covers; measured 1/20 greedy outputs equal), so it is a speed option only")
+                        "tokens a pass covers; see README), so it is a speed option only")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft tokens per target call (default: with one int8 model draft, the default, start at "
                         f"{INT8_DRAFT_GAMMA} and adapt; else 4, constant)")
@@ -304,7 +304,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _presets() -> int:
-    from specdec.models.presets import PRESETS
+    from specdec.models.catalog import PRESETS
 
     for name, preset in PRESETS.items():
         print(f"{name:22s} {preset.description}\n{'':22s} install: {preset.pip_command}")

@@ -2,8 +2,9 @@
 the server and the benchmarks share: none of them re-declares a default.
 
 - Generation settings: the fields of :class:`GenerationConfig`.
-- The models: :data:`DEFAULT_TARGET`, and :func:`default_draft` (the packaged 0.5B draft, int8 on CPU where
-  dynamic int8 runs, unquantized on CUDA).
+- The models: :data:`DEFAULT_TARGET` and :data:`DEFAULT_DRAFT` (declared with the preset catalog), and
+  :func:`default_draft` (the draft specification used when none is given: int8 on CPU, where dynamic int8
+  runs, unquantized on CUDA).
 - Speculation per draft kind: :func:`speculation_defaults` (gamma and schedule for a draft specification),
   which :meth:`GenerationConfig.for_draft` applies.
 """
@@ -15,10 +16,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from specdec.errors import SpecDecError
+from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the packaged pair (same tokenizer)
 from specdec.sampling import SamplingParams
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b"
 # Dynamic int8 (torch.ao) runs on CPU only; a draft's quantization changes speed and alpha, never the output.
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
 DEFAULT_GAMMA = 4
@@ -35,7 +35,7 @@ def default_draft(device: Any = None) -> str:
     from specdec.devices import resolve_device
 
     on_cpu = resolve_device(device).type == "cpu"
-    return f"{DEFAULT_DRAFT_MODEL}:{DEFAULT_DRAFT_QUANTIZE_CPU}" if on_cpu else DEFAULT_DRAFT_MODEL
+    return f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}" if on_cpu else DEFAULT_DRAFT
 
 
 def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,

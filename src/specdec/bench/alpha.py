@@ -35,37 +35,33 @@ from tqdm import tqdm
 
 import specdec
 from specdec.acceptance import lenient_greedy_mask
+from specdec.bench.arguments import (
+    DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
+    add_threads_argument, number_list,
+)
 from specdec.bench.drafts import ModelPool, build_draft, corpus_ids, is_model_spec, needs_corpus, parse_spec
-from specdec.bench.report import machine_info
-from specdec.bench.tasks import encode_item, has_chat_template, load_task
+from specdec.bench.formatting import fmt, short
+from specdec.bench.machine import dtype_name, machine_info
+from specdec.bench.tasks import encode_item, has_chat_template, load_task, ngram_corpus
 from specdec.drafters import DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 from specdec.sampling import SamplingParams, standardize
 
-DEFAULT_DRAFTS = ("qwen2.5-coder-0.5b", "unigram", "bigram", "prompt-lookup", "random")
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise SpecDecError(f"expected a comma-separated list of numbers, got {text!r}") from None
-    if not values:
-        raise SpecDecError(f"expected at least one number, got {text!r}")
-    return values
+DEFAULT_DRAFTS = (DEFAULT_DRAFT, "unigram", "bigram", "prompt-lookup", "random")
+N_PROMPTS = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``specdec alpha`` options (the only place their defaults are declared)."""
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b", help="target model: preset, folder or hub id")
+    """The ``specdec alpha`` options."""
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="target model: preset, folder or hub id")
     parser.add_argument("--drafts", nargs="+", default=list(DEFAULT_DRAFTS), metavar="SPEC",
                         help="drafts to measure: models (NAME or NAME:int8), prompt-lookup, unigram, bigram, random, "
                              "or a hierarchy 'A<-B' (default: %(default)s)")
-    parser.add_argument("--task", default="humaneval",
+    parser.add_argument("--task", default=DEFAULT_TASK,
                         help="humaneval, translation, summarization, jsonl:PATH, wmt:SRC,REF, cnndm:PATH")
-    parser.add_argument("--n-prompts", type=int, default=10, help="prompts of the task to use")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens the target generates per prompt")
+    parser.add_argument("--n-prompts", type=int, default=N_PROMPTS, help="prompts of the task to use")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="tokens the target generates per prompt")
     parser.add_argument("--temperatures", default="0,1", help="comma list; 0 = greedy (default: 0,1)")
     parser.add_argument("--leniences", default="1", help="comma list of lenience values l in (0, 1] (Table 5 form)")
     parser.add_argument("--ngram-corpus", default="task",
@@ -74,17 +70,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generate-with", default="auto",
                         help="draft that speeds up the target's own generation (exact): 'auto' = the first model "
                              "draft, 'none' = plain decoding, or a draft spec")
-    parser.add_argument("--dtype", default="bf16", help="bf16 (fast on CPU), fp32 or fp16")
+    add_dtype_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the target's sampling (prompt i uses seed + i)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the JSON document to PATH")
+    add_threads_argument(parser)
+    add_json_argument(parser)
 
 
 def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     if args.n_prompts < 1 or args.max_new_tokens < 1:
         raise SpecDecError("--n-prompts and --max-new-tokens must be >= 1")
-    temperatures = float_list(args.temperatures)
-    leniences = float_list(args.leniences)
+    temperatures = number_list(args.temperatures, float, "--temperatures", unique=False)
+    leniences = number_list(args.leniences, float, "--leniences", unique=False)
     if any(t < 0 for t in temperatures):
         raise SpecDecError(f"temperatures must be >= 0, got {args.temperatures}")
     if any(not 0 < l <= 1 for l in leniences):
@@ -94,18 +90,6 @@ def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     for spec in args.drafts:
         parse_spec(spec)
     return temperatures, leniences
-
-
-def _corpus(args: argparse.Namespace, task) -> tuple[str | None, str]:
-    choice = args.ngram_corpus
-    if choice == "task":
-        return task.corpus, task.corpus_source
-    if choice == "prompt":
-        return None, "the prompt and the generated text (no corpus)"
-    path = Path(choice).expanduser()
-    if not path.is_file():
-        raise SpecDecError(f"--ngram-corpus: {path} is not a file (use 'task', 'prompt' or a text file)")
-    return path.read_text(encoding="utf-8"), str(path)
 
 
 def betas_for_draft(drafter: Any, target: LanguageModel, prompt_ids: Sequence[int], start: Sequence[int],
@@ -151,7 +135,7 @@ def betas_for_draft(drafter: Any, target: LanguageModel, prompt_ids: Sequence[in
 
 
 def measure(target: LanguageModel, drafts: dict[str, Any], prompts: Sequence[tuple[str, Sequence[int]]],
-            temperatures: Sequence[float], leniences: Sequence[float] = (1.0,), max_new_tokens: int = 64,
+            temperatures: Sequence[float], leniences: Sequence[float] = (1.0,), max_new_tokens: int = MAX_NEW_TOKENS,
             seed: int = 0, generate_with: Any = None, progress: bool = False) -> tuple[list[dict], list[dict]]:
     """alpha of every draft (label -> anything ``specdec.generate(draft=...)`` takes) along the target's own
     continuations of ``prompts`` ((id, token ids) pairs). Returns (one result per draft and temperature,
@@ -231,7 +215,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: 
     task = load_task(args.task, args.n_prompts)
     pool = pool if pool is not None else ModelPool(args.dtype)
     target = target if target is not None else pool.get(args.target)
-    corpus_text, corpus_source = _corpus(args, task)
+    corpus_text, corpus_source = ngram_corpus(args.ngram_corpus, task)
     ids_corpus = corpus_ids(corpus_text, target) if needs_corpus(args.drafts) else None
     drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in args.drafts}
     if args.generate_with == "auto":
@@ -258,10 +242,10 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: 
             "ngram_corpus": corpus_source,
             "ngram_corpus_tokens": len(ids_corpus) if ids_corpus else 0,
             "generated_with": gen_spec or "plain decoding",
-            "dtype": str(target.dtype).replace("torch.", ""),
+            "dtype": dtype_name(target.dtype),
             "seed": args.seed,
         },
-        "machine": machine_info(str(target.dtype).replace("torch.", "")),
+        "machine": machine_info(dtype_name(target.dtype)),
         "seconds": time.perf_counter() - t_start,
         "results": results,
         "generations": generations,
@@ -278,12 +262,8 @@ def _kind(spec: str) -> str:
     return levels[0][0] if levels[0][0] in ("unigram", "bigram", "prompt-lookup", "random") else "model"
 
 
-def _fmt(x: Any, spec: str = ".3f") -> str:
-    return "–" if x is None else format(x, spec)
-
-
 def _sampling(temperature: float) -> str:
-    return "t=0 (argmax)" if temperature == 0 else f"t={temperature:g}"
+    return "t=0 (argmax)" if temperature == 0 else f"t={short(temperature)}"
 
 
 def table(document: dict[str, Any]) -> str:
@@ -292,7 +272,7 @@ def table(document: dict[str, Any]) -> str:
     lines = ["| M_p | M_q | task | sampling | alpha | ± s.e. | positions | coverage |", "|---|---|---|---|---|---|---|---|"]
     for r in document["results"]:
         lines.append(f"| {cfg['target']} | {r['draft']} | {cfg['task']} | {_sampling(r['temperature'])} | "
-                     f"{_fmt(r['alpha'])} | {_fmt(r['stderr'])} | {r['positions']} | {_fmt(r['coverage'], '.2f')} |")
+                     f"{fmt(r['alpha'], '.3f')} | {fmt(r['stderr'], '.3f')} | {r['positions']} | {fmt(r['coverage'], '.2f')} |")
     leniences = [l for l in cfg["leniences"]]
     if len(leniences) > 1:
         lines += ["", "alpha vs lenience l (paper Table 5 form; l < 1 is not exact):", "",
@@ -300,7 +280,7 @@ def table(document: dict[str, Any]) -> str:
                   "|---|---|" + "---|" * len(leniences)]
         for r in document["results"]:
             lines.append(f"| {r['draft']} | {_sampling(r['temperature'])} | "
-                         + " | ".join(_fmt(r["alpha_by_lenience"][str(l)]) for l in leniences) + " |")
+                         + " | ".join(fmt(r["alpha_by_lenience"][str(l)], ".3f") for l in leniences) + " |")
     lines += ["", f"{cfg['n_prompts']} prompts of {cfg['task']} ({cfg['task_source']}), up to {cfg['max_new_tokens']} "
               f"tokens each generated by the target ("
               + (cfg['generated_with'] if cfg['generated_with'] == "plain decoding"

@@ -13,11 +13,13 @@ from typing import Any
 
 import torch
 
+from specdec.bench.formatting import MS_PER_S, fmt
 from specdec.devices import Stopwatch
 from specdec.models import LanguageModel
 
 COPY_BYTES = 256 * 2**20  # one copy of 256 MiB: large enough to reach the device's bandwidth
 COPY_REPEATS = 5
+GB = 1e9  # bytes (tables print weights in GB and bandwidth in GB/s)
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -57,14 +59,14 @@ def weight_floor(target: LanguageModel, drafts: list[LanguageModel], costs: dict
         rows.append({"model": model.name, "weight_bytes": nbytes, "floor_s": floor, "step_s": step,
                      "step_over_floor": step / floor if step else None})
     return {"bandwidth_bytes_per_s": bandwidth, "how": f"device-to-device copy of {COPY_BYTES >> 20} MiB, "
-            "read + write bytes / best of 5", "models": rows}
+            f"read + write bytes / best of {COPY_REPEATS}", "models": rows}
 
 
 def floor_markdown(floor: dict[str, Any]) -> str:
-    lines = [f"Weight-bandwidth floor (measured copy bandwidth {floor['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s)", "",
+    lines = [f"Weight-bandwidth floor (measured copy bandwidth {floor['bandwidth_bytes_per_s'] / GB:.0f} GB/s)", "",
              "| model | weights (GB) | floor (ms) | measured 1-token step (ms) | step / floor |", "|---|---|---|---|---|"]
     for r in floor["models"]:
-        step = "–" if r["step_s"] is None else f"{r['step_s'] * 1e3:.2f}"
-        ratio = "–" if r["step_over_floor"] is None else f"{r['step_over_floor']:.2f}"
-        lines.append(f"| {r['model']} | {r['weight_bytes'] / 1e9:.2f} | {r['floor_s'] * 1e3:.2f} | {step} | {ratio} |")
+        step = fmt(None if r["step_s"] is None else r["step_s"] * MS_PER_S, ".2f")
+        lines.append(f"| {r['model']} | {r['weight_bytes'] / GB:.2f} | {r['floor_s'] * MS_PER_S:.2f} | {step} | "
+                     f"{fmt(r['step_over_floor'], '.2f')} |")
     return "\n".join(lines)

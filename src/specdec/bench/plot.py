@@ -28,8 +28,18 @@ from typing import Any, Sequence
 from specdec.analysis import expected_tokens, operations_factor, optimal_gamma, walltime_improvement
 
 FIGURE2_GAMMAS = (1, 2, 3, 5, 7, 10)
+FIGURE2_MAX_TOKENS = 12  # the y axis: expected tokens per target call
 FIGURE3_CS = (0.01, 0.05, 0.1, 0.2, 0.4, 0.6)
+FIGURE3_MAX_GAMMA = 20
+FIGURE4_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
+FIGURE4_GAMMAS = range(1, 11)
 TABLE1 = ((0.6, 2), (0.7, 3), (0.8, 2), (0.8, 5), (0.9, 2), (0.9, 10))  # the paper's Table 1 rows
+
+# How the figures look: size of a one-panel figure (inches), resolution, grid and legend.
+PANEL_SIZE = (6, 4.2)
+DPI = 120
+GRID_ALPHA = 0.3
+LEGEND_SIZE = 8
 
 
 def _pyplot():
@@ -41,30 +51,39 @@ def _pyplot():
     return plt
 
 
-def _alphas(n: int = 200, top: float = 0.99) -> list[float]:
+def _alphas(n: int, top: float) -> list[float]:
+    """n values of alpha from 0 to ``top`` (the curves' x axis; they diverge at alpha = 1)."""
     return [top * i / (n - 1) for i in range(n)]
+
+
+def _decorate(ax: Any, legend_size: int = LEGEND_SIZE) -> None:
+    ax.grid(alpha=GRID_ALPHA)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    _pyplot().close(fig)
+    return path
 
 
 def figure2(path: Path) -> Path:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    alphas = _alphas()
+    fig, ax = plt.subplots(figsize=PANEL_SIZE)
+    alphas = _alphas(200, 0.99)
     for gamma in FIGURE2_GAMMAS:
         ax.plot(alphas, [expected_tokens(a, gamma) for a in alphas], label=f"gamma = {gamma}")
     ax.plot(alphas, [1 / (1 - a) for a in alphas], "k--", linewidth=1, label="gamma → ∞: 1 / (1 - alpha)")
-    ax.set(xlabel="alpha", ylabel="expected tokens per target call", ylim=(0, 12), xlim=(0, 1),
+    ax.set(xlabel="alpha", ylabel="expected tokens per target call", ylim=(0, FIGURE2_MAX_TOKENS), xlim=(0, 1),
            title="Expected tokens per iteration (paper Figure 2, Equation 1)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    _decorate(ax)
+    return _save(fig, path)
 
 
-def figure3(path: Path, max_gamma: int = 20) -> Path:
+def figure3(path: Path, max_gamma: int = FIGURE3_MAX_GAMMA) -> Path:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = plt.subplots(figsize=PANEL_SIZE)
     alphas = _alphas(300, 0.995)
     for c in FIGURE3_CS:
         # only where speculation pays (Corollary 9: alpha > c); elsewhere gamma = 0 is best
@@ -73,12 +92,8 @@ def figure3(path: Path, max_gamma: int = 20) -> Path:
             ax.step([p[0] for p in points], [p[1] for p in points], where="post", label=f"c = {c:g}")
     ax.set(xlabel="alpha", ylabel="optimal gamma", xlim=(0, 1), ylim=(0, max_gamma + 1),
            title="Optimal gamma (paper Figure 3, maximising Theorem 8)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    _decorate(ax)
+    return _save(fig, path)
 
 
 def table1_rows() -> list[tuple[float, int, float, float]]:
@@ -94,24 +109,20 @@ def table1_markdown() -> str:
 
 def table1(path: Path) -> Path:
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1, 1.3]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, PANEL_SIZE[1]), gridspec_kw={"width_ratios": [1, 1.3]})
     left.axis("off")
     cells = [[f"{a:g}", str(g), f"{ops:.2f}X", f"{speed:.2f}X"] for a, g, ops, speed in table1_rows()]
     tab = left.table(cellText=cells, colLabels=["alpha", "gamma", "OPERATIONS", "SPEED"], loc="center", cellLoc="center")
     tab.scale(1, 1.6)
     left.set_title("Table 1: c = c_hat = 0 (Theorems 8 and 10)")
-    for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
-        gammas = range(1, 11)
-        right.plot([operations_factor(alpha, g, 0.0) for g in gammas], [walltime_improvement(alpha, g, 0.0) for g in gammas],
+    for alpha in FIGURE4_ALPHAS:
+        right.plot([operations_factor(alpha, g, 0.0) for g in FIGURE4_GAMMAS],
+                   [walltime_improvement(alpha, g, 0.0) for g in FIGURE4_GAMMAS],
                    marker="o", markersize=3, label=f"alpha = {alpha:g}")
     right.set(xlabel="arithmetic operations (x baseline)", ylabel="speed (x baseline)",
-              title="Speed vs operations, gamma = 1..10 (paper Figure 4)")
-    right.grid(alpha=0.3)
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+              title=f"Speed vs operations, gamma = {FIGURE4_GAMMAS[0]}..{FIGURE4_GAMMAS[-1]} (paper Figure 4)")
+    _decorate(right)
+    return _save(fig, path)
 
 
 def theory_figures(out_dir: str | Path) -> list[Path]:
@@ -134,7 +145,7 @@ def speedup_vs_gamma(result: dict[str, Any], path: Path) -> Path | None:
         return None
     plt = _pyplot()
     temperatures = sorted({r["temperature"] for r in rows})
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), PANEL_SIZE[1]), squeeze=False)
     for ax, temperature in zip(axes[0], temperatures):
         drafts = list(dict.fromkeys(r["draft"] for r in rows if r["temperature"] == temperature))
         for i, draft in enumerate(drafts):
@@ -149,14 +160,10 @@ def speedup_vs_gamma(result: dict[str, Any], path: Path) -> Path | None:
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set(xlabel="gamma", ylabel="speedup vs specdec-plain", title=f"{result['config'].get('task', '')}, temperature {temperature:g}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _decorate(ax, LEGEND_SIZE - 1)
     fig.suptitle(f"target {result['config'].get('target')}: measured (markers) vs Theorem 8 from measured alpha and c (lines)",
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+                 fontsize=LEGEND_SIZE + 1)
+    return _save(fig, path)
 
 
 def bench_figures(result: dict[str, Any], out_dir: str | Path, stem: str | None = None) -> list[Path]:

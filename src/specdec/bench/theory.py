@@ -24,41 +24,38 @@ from __future__ import annotations
 from typing import Any
 
 from specdec.analysis import expected_tokens, walltime_improvement
+from specdec.bench.formatting import PERCENT, fmt, ratio
 
-TOLERANCE = 0.15  # the issue's acceptance band: measured within +-15% of the prediction
-
-
-def _div(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+TOLERANCE = 0.15  # the acceptance band: measured within +-15% of the prediction
 
 
 def compare(*, alpha: float | None, gamma: int, c: float | None, plain: dict[str, Any], spec: dict[str, Any],
             verify_cost_ratio: float | None = None) -> dict[str, Any]:
-    """Theorem 8 beside the measurement. plain / spec: summaries of :func:`specdec.bench.report.summarize`
+    """Theorem 8 beside the measurement. plain / spec: summaries of :func:`specdec.bench.aggregation.summarize`
     (the spec one with its loop statistics); verify_cost_ratio: direct time of a target pass over
     gamma + 1 new tokens / over 1 (None if not measured)."""
     out: dict[str, Any] = {"alpha": alpha, "gamma": gamma, "c": c}
-    t_plain = _div(plain.get("seconds"), plain.get("new_tokens"))
-    measured = _div(spec.get("tokens_per_second"), plain.get("tokens_per_second"))
+    t_plain = ratio(plain.get("seconds"), plain.get("new_tokens"))
+    measured = ratio(spec.get("tokens_per_second"), plain.get("tokens_per_second"))
     calls = spec.get("target_calls")
-    t_call = _div(spec.get("seconds"), calls)
+    t_call = ratio(spec.get("seconds"), calls)
     out.update(measured=measured, t_plain_token_s=t_plain, t_call_s=t_call,
                mean_accepted_length=spec.get("mean_accepted_length"),
-               drafted_per_call=_div(spec.get("drafted"), calls), verify_cost_ratio_direct=verify_cost_ratio)
+               drafted_per_call=ratio(spec.get("drafted"), calls), verify_cost_ratio_direct=verify_cost_ratio)
     if alpha is None or c is None or gamma < 1:
         out.update(expected_tokens=None, predicted=None, ratio=None, within_tolerance=None)
         return out
     alpha = min(max(alpha, 0.0), 1.0)
     e = expected_tokens(alpha, gamma)
     predicted = walltime_improvement(alpha, gamma, c)
-    ratio = _div(measured, predicted)
-    out.update(expected_tokens=e, predicted=predicted, ratio=ratio,
-               within_tolerance=None if ratio is None else abs(ratio - 1.0) <= TOLERANCE)
+    over = ratio(measured, predicted)
+    out.update(expected_tokens=e, predicted=predicted, ratio=over,
+               within_tolerance=None if over is None else abs(over - 1.0) <= TOLERANCE)
     mal = spec.get("mean_accepted_length")
-    out["tokens_factor"] = _div(mal, e)
+    out["tokens_factor"] = ratio(mal, e)
     t_call_predicted = (gamma * c + 1.0) * t_plain if t_plain is not None else None
     out["t_call_predicted_s"] = t_call_predicted
-    out["cost_factor"] = _div(t_call_predicted, t_call)
+    out["cost_factor"] = ratio(t_call_predicted, t_call)
     if calls:
         other = (spec.get("time_other_s") or 0.0) + (spec.get("time_setup_s") or 0.0)
         out.update(
@@ -67,12 +64,8 @@ def compare(*, alpha: float | None, gamma: int, c: float | None, plain: dict[str
             other_per_call_s=other / calls,
             draft_per_call_predicted_s=gamma * c * t_plain if t_plain is not None else None,
         )
-        out["verify_factor"] = _div(out["verify_per_call_s"], t_plain)
+        out["verify_factor"] = ratio(out["verify_per_call_s"], t_plain)
     return out
-
-
-def _f(x: float | None, spec: str) -> str:
-    return "–" if x is None else format(x, spec)
 
 
 def explain(row: dict[str, Any]) -> str:
@@ -81,22 +74,23 @@ def explain(row: dict[str, Any]) -> str:
         if not row.get("drafted_per_call"):
             return "no prediction: nothing was drafted (no alpha measured)"
         return "no prediction (no alpha or c measured)"
-    ratio = row["ratio"]
-    verdict = "within ±15%" if row["within_tolerance"] else "OUTSIDE ±15%"
-    text = (f"measured {_f(row['measured'], '.2f')}x vs Theorem 8 {_f(row['predicted'], '.2f')}x "
-            f"({_f(None if ratio is None else (ratio - 1) * 100, '+.0f')}%): {verdict}")
+    over = row["ratio"]
+    band = f"±{TOLERANCE:.0%}"
+    verdict = f"within {band}" if row["within_tolerance"] else f"OUTSIDE {band}"
+    text = (f"measured {fmt(row['measured'], '.2f')}x vs Theorem 8 {fmt(row['predicted'], '.2f')}x "
+            f"({fmt(None if over is None else (over - 1) * PERCENT, '+.0f')}%): {verdict}")
     if row["within_tolerance"]:
         return text
-    parts = [f"tokens factor {_f(row.get('tokens_factor'), '.2f')} (mean accepted length "
-             f"{_f(row.get('mean_accepted_length'), '.2f')} vs Eq. 1 {_f(row.get('expected_tokens'), '.2f')}, "
-             f"{_f(row.get('drafted_per_call'), '.2f')} drafted per call for gamma {row['gamma']})"]
+    parts = [f"tokens factor {fmt(row.get('tokens_factor'), '.2f')} (mean accepted length "
+             f"{fmt(row.get('mean_accepted_length'), '.2f')} vs Eq. 1 {fmt(row.get('expected_tokens'), '.2f')}, "
+             f"{fmt(row.get('drafted_per_call'), '.2f')} drafted per call for gamma {row['gamma']})"]
     parts.append(
-        f"cost factor {_f(row.get('cost_factor'), '.2f')} (a target call took {_f(row.get('t_call_s'), '.3f')} s vs "
-        f"(gamma c + 1) x plain token {_f(row.get('t_call_predicted_s'), '.3f')} s: verification "
-        f"{_f(row.get('verify_per_call_s'), '.3f')} s = {_f(row.get('verify_factor'), '.2f')}x a plain token"
+        f"cost factor {fmt(row.get('cost_factor'), '.2f')} (a target call took {fmt(row.get('t_call_s'), '.3f')} s vs "
+        f"(gamma c + 1) x plain token {fmt(row.get('t_call_predicted_s'), '.3f')} s: verification "
+        f"{fmt(row.get('verify_per_call_s'), '.3f')} s = {fmt(row.get('verify_factor'), '.2f')}x a plain token"
         + (f" (direct: {row['gamma'] + 1} tokens cost {row['verify_cost_ratio_direct']:.2f}x one)"
            if row.get("verify_cost_ratio_direct") else "")
-        + f", drafting {_f(row.get('draft_per_call_s'), '.3f')} s (Theorem 8: {_f(row.get('draft_per_call_predicted_s'), '.3f')} s)"
-        f", other {_f(row.get('other_per_call_s'), '.3f')} s)"
+        + f", drafting {fmt(row.get('draft_per_call_s'), '.3f')} s (Theorem 8: {fmt(row.get('draft_per_call_predicted_s'), '.3f')} s)"
+        f", other {fmt(row.get('other_per_call_s'), '.3f')} s)"
     )
     return text + " — " + "; ".join(parts)

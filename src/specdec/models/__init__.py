@@ -41,7 +41,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 
 
 def _preset_names() -> list[str]:
-    from specdec.models.presets import PRESETS
+    from specdec.models.catalog import PRESETS
 
     return list(PRESETS)
 
@@ -245,8 +245,8 @@ def check_same_device(target: LanguageModel, draft: LanguageModel) -> None:
 def same_vocabulary(target: LanguageModel, draft: LanguageModel) -> bool:
     """Whether two models tokenize exactly alike: same token list, same ids.
 
-    Compares the models' vocabulary fingerprints, computed once per model: reading a 150k-token
-    vocabulary costs about 0.2 s, which used to be paid on every ``generate`` call.
+    Compares the models' vocabulary fingerprints, computed once per model (reading a large vocabulary
+    is not free, so ``generate`` does not do it on every call).
     """
     if target.tokenizer is draft.tokenizer:
         return True

@@ -4,13 +4,13 @@ A quantized DRAFT never changes specdec's output (only alpha and speed: the draf
 quantized TARGET is a different model, and not even a fixed one: dynamic int8 computes its activation
 scales over all tokens of a forward pass, so a position's logits change with how many tokens share the
 pass (1 in plain decoding, gamma + 1 in verification). Speculative decoding with a quantized target is
-therefore not token-identical to the quantized target's own plain decoding (measured on the Qwen pair:
-1 of 20 greedy outputs equal); specdec marks such runs ``stats.exact = False`` with the reason. A
+therefore not token-identical to the quantized target's own plain decoding (README, "Quantized drafts",
+has the measurement); specdec marks such runs ``stats.exact = False`` with the reason. A
 per-token activation scale would make it block-invariant; torch's dynamic kernels do not offer one.
 
-torch's dynamic int8 (fbgemm kernels, int8 weights, fp32 activations quantized on the fly) was the
-fastest path measured on these 2-core CPUs (MODELS.md, "Faster drafts"): it keeps a step memory-bound
-(5 tokens cost about one) and is 2.3-2.6x faster than bf16. torchao's CPU paths were slower than bf16.
+torch's dynamic int8 (fbgemm kernels, int8 weights, fp32 activations quantized on the fly) is the CPU path
+specdec uses for cheap drafts: it keeps a step memory-bound, so verifying a few tokens costs about one;
+the measurements that chose it over bf16 and torchao are in the README ("Benchmark").
 """
 
 from __future__ import annotations

@@ -1,0 +1,127 @@
+"""The options of ``specdec bench``, and the defaults and options the measuring commands share.
+
+Defaults are declared once: the models in :mod:`specdec.models.catalog`, gamma and temperature in
+:class:`specdec.config.GenerationConfig`, the rest here (``specdec alpha`` and ``specdec results`` read
+them too).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from specdec.bench.methods import METHODS
+from specdec.config import GenerationConfig
+from specdec.errors import SpecDecError
+from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.schedules import SCHEDULES
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_DTYPE", "DEFAULT_GAMMA", "DEFAULT_TARGET", "DEFAULT_TASK", "MAX_NEW_TOKENS",
+           "add_arguments", "add_dtype_argument", "add_json_argument", "add_threads_argument", "comma_list",
+           "number_list", "validate"]
+
+DEFAULT_GAMMA = GenerationConfig.gamma
+DEFAULT_TEMPERATURE = GenerationConfig.temperature
+DEFAULT_DTYPE = "bf16"  # fast on CPU
+DEFAULT_TASK = "humaneval"
+#: Tokens generated per prompt: enough for the acceptance statistics, short enough for many prompts.
+MAX_NEW_TOKENS = 64
+N_PROMPTS = 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the bench options to ``parser``."""
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="target model: preset, folder or hub id")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT,
+                        help="draft model, or a drafter name (prompt-lookup, unigram, bigram, random)")
+    parser.add_argument("--drafts", nargs="+", default=None, metavar="SPEC",
+                        help="several drafts (replaces --draft; the first is the primary one): NAME, NAME:int8, "
+                             "prompt-lookup, unigram, bigram, random, or a hierarchy 'A<-B' (quote it)")
+    parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
+                        help="draft tokens per target call (constant); also the start of the varying schedules and "
+                             "the gamma of transformers' assisted generation and of lenience runs")
+    parser.add_argument("--gammas", default=None, help="comma list of constant gammas to run (default: --gamma)")
+    parser.add_argument("--gamma-schedules", default="constant",
+                        help=f"comma list out of {', '.join(SCHEDULES)}; 'constant' runs every --gammas value, the "
+                             "others start at --gamma (default: constant)")
+    parser.add_argument("--leniences", default="1",
+                        help="comma list of lenience values; each l < 1 adds a run at --gamma (NOT exact, Appendix A.5)")
+    parser.add_argument("--task", default=DEFAULT_TASK,
+                        help="humaneval, translation, summarization, jsonl:PATH, wmt:SRC,REF (or wmt:FILE.tsv), "
+                             "cnndm:PATH (see specdec.bench.tasks)")
+    parser.add_argument("--n-prompts", type=int, default=N_PROMPTS, help="how many prompts to run")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="new tokens per prompt (at most)")
+    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy")
+    parser.add_argument("--temperatures", default=None, help="comma list, e.g. 0,1 (default: --temperature)")
+    parser.add_argument("--ngram-corpus", default="task",
+                        help="unigram/bigram drafts estimated from 'task' (held-out text of the task), 'prompt' "
+                             "(the prompt and generated text), or a text file PATH")
+    add_dtype_argument(parser)
+    parser.add_argument("--quantize", default=None, metavar="METHOD",
+                        help="quantize the TARGET (opt-in: int8 or int8-tensor); every method then runs the quantized "
+                             "target, and with a draft the output is not exact even for it (dynamic int8 logits "
+                             "depend on how many tokens a pass covers)")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma list out of: {', '.join(METHODS)} (default: all; llama-cpp only when "
+                             "llama-cpp-python is installed and the target is a preset or a .gguf file)")
+    parser.add_argument("--hf-assisted-drafts", nargs="+", default=None, metavar="SPEC",
+                        help="drafts for transformers' assisted generation (default: the model drafts of --drafts), "
+                             "e.g. its usual bf16 assistant while specdec runs an int8 one")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt")
+    parser.add_argument("--warmup", type=int, default=1, help="prompts every configuration runs untimed first")
+    parser.add_argument("--prompts-file", default=None,
+                        help="JSONL file with a \"prompt\" field (same as --task jsonl:PATH)")
+    add_json_argument(parser)
+    parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.csv and bench.md into DIR")
+    add_threads_argument(parser)
+    parser.add_argument("--seed", type=int, default=0, help="seed of every generation (sampling only)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when available), cpu, cuda or cuda:N: every model and method runs there")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="build each preset's exact architecture with random weights (timings only, no weight "
+                             "files needed; byte-level stand-in tokenizer; alpha is meaningless): see "
+                             "specdec.models.random_weights")
+    parser.add_argument("--compile", action="store_true",
+                        help="CUDA: compile specdec's captured steps with inductor (about a minute per step width "
+                             "and model at start-up; faster steps)")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 (fast on CPU), fp32 or fp16")
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the JSON document to PATH")
+
+
+def comma_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated list, stripped."""
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+def number_list(text: str | None, kind: type, option: str, *, unique: bool = True) -> list[Any]:
+    """The numbers of ``option``'s comma-separated list (at least one; repeats dropped unless ``unique`` is False)."""
+    try:
+        values = [kind(x) for x in comma_list(text)]
+    except ValueError:
+        raise SpecDecError(f"{option} takes a comma-separated list of numbers, got {text!r}") from None
+    if not values:
+        raise SpecDecError(f"{option} needs at least one value")
+    return list(dict.fromkeys(values)) if unique else values
+
+
+def validate(args: argparse.Namespace) -> None:
+    """The bench options' single-value checks (the lists are checked where the grid is built)."""
+    for name in ("gamma", "n_prompts", "max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise SpecDecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise SpecDecError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.temperature < 0:
+        raise SpecDecError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.threads is not None and args.threads < 1:
+        raise SpecDecError(f"--threads must be >= 1, got {args.threads}")

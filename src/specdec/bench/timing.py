@@ -1,0 +1,113 @@
+"""Synchronized timing: one timed call, and the direct cost of single cached forward passes.
+
+Every clock reading goes through :class:`specdec.devices.Stopwatch`, which waits for the device's
+queued work first, so a GPU's asynchronous kernels are timed where they run.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from statistics import median
+from typing import Any, Callable
+
+import torch
+
+from specdec.bench.drafts import parse_spec
+from specdec.devices import Stopwatch
+from specdec.models import LanguageModel, same_vocabulary
+
+#: Timed passes per forward-pass cost (their median is reported; one more, untimed, comes first).
+COST_REPEATS = 5
+
+
+def timed(fn: Callable[[], Any], device: Any = None) -> tuple[Any, float, float]:
+    """fn's result, its wall seconds and this process's CPU seconds over the call.
+
+    CPU seconds / wall seconds near the torch thread count means the call had the cores to itself;
+    much lower means other work shared the CPU and the timing is not to be trusted.
+    """
+    gc.collect()
+    clock = Stopwatch(device)
+    with torch.inference_mode():
+        c0 = time.process_time()
+        t0 = clock()  # synchronizes a GPU first: only this call's work is timed
+        result = fn()
+        seconds = clock() - t0
+        cpu = time.process_time() - c0
+    return result, seconds, cpu
+
+
+def forward_time(model: LanguageModel, prompt_ids: list[int], k: int, repeats: int = COST_REPEATS) -> float:
+    """Median seconds of one cached forward pass over k new tokens at the end of ``prompt_ids``.
+
+    The prompt but its last k tokens is prefilled once, then the last k tokens are fed again and again
+    (rolled back after each pass); the first pass of this shape is untimed (first-call effects, graph
+    capture). The device is synchronized around every timed pass.
+    """
+    session, start = model.start(prompt_ids, len(prompt_ids) + k + 1)  # a causal LM starts from the prompt
+    k = min(k, len(start) - 1)
+    clock = Stopwatch(model.device)
+    session.prefill(start[:-k])
+    tail = start[-k:]
+    times = []
+    for _ in range(repeats + 1):
+        t0 = clock()
+        session.extend(tail, k)
+        times.append(clock() - t0)
+        session.rollback(len(start) - k)
+    session.close()
+    return median(times[1:])
+
+
+def _own_tokens(model: LanguageModel, target: LanguageModel, ids: list[int]) -> list[int]:
+    """``ids`` (target tokens) as ``model``'s tokens: the same ids when they share a vocabulary, else the text."""
+    if same_vocabulary(target, model):
+        return ids
+    from specdec.drafters.retokenized import decode_text, encode_text
+
+    return encode_text(model.tokenizer, decode_text(target.tokenizer, ids)) or ids[:1]
+
+
+def measure_costs(target: LanguageModel, models: dict[str, list[LanguageModel]], prompt_ids: list[int],
+                  gammas: list[int], repeats: int = COST_REPEATS) -> dict[str, Any]:
+    """Median times of single cached forward passes, measured once per run: the target over 1 and
+    over gamma + 1 new tokens (each gamma), and every draft model over 1. c_direct = draft(1) / target(1)
+    for a draft that is one model (the paper's c); hierarchies list the c of each of their models."""
+    seq = list(prompt_ids)
+    t1 = forward_time(target, seq, 1, repeats)
+    out: dict[str, Any] = {"repeats": repeats, "target_k1_s": t1, "target_s": {"1": t1}, "verify_tokens": {},
+                           "verify_cost_ratio": {}, "drafts": {}}
+    for g in gammas:
+        k = min(g + 1, len(seq))
+        if str(k) not in out["target_s"]:
+            out["target_s"][str(k)] = forward_time(target, seq, k, repeats)
+        out["verify_tokens"][str(g)] = k
+        out["verify_cost_ratio"][str(g)] = out["target_s"][str(k)] / t1
+    seen: dict[int, float] = {}
+    for spec, levels in models.items():
+        entry: dict[str, Any] = {"models": [m.name for m in levels]}
+        times = []
+        for m in levels:
+            if id(m) not in seen:  # a draft with another tokenizer reads the prompt's text in its own tokens
+                seen[id(m)] = forward_time(m, _own_tokens(m, target, seq), 1, repeats)
+            times.append(seen[id(m)])
+        entry["k1_s"] = times
+        entry["c_levels"] = [t / t1 for t in times]
+        entry["c_direct"] = times[0] / t1 if len(levels) == 1 and len(parse_spec(spec)) == 1 else None
+        out["drafts"][spec] = entry
+    return out
+
+
+def primary_step_costs(costs: dict[str, Any] | None, primary: str, gamma: int) -> dict[str, Any] | None:
+    """The primary configuration's costs in the single-configuration layout (``step_costs`` of the document)."""
+    if costs is None:
+        return None
+    k = costs["verify_tokens"][str(gamma)]
+    out = {"target_k1_s": costs["target_k1_s"], f"target_k{k}_s": costs["target_s"][str(k)],
+           "verify_cost_ratio": costs["verify_cost_ratio"][str(gamma)], "verify_tokens": k}
+    entry = costs["drafts"].get(primary)
+    if entry and entry.get("c_direct") is not None:
+        out["draft_k1_s"] = entry["k1_s"][0]
+        out["c_direct"] = entry["c_direct"]
+    return out

@@ -1,0 +1,237 @@
+"""Converting a preset's GGUF file into a Hugging Face model folder, in the form its weights run in.
+
+:func:`convert` writes the weights of one variant (:data:`specdec.models.catalog.VARIANTS`) and, for a
+new folder, the config, the generation config (with the preset's end-of-sequence ids) and the tokenizer
+files with the chat template. transformers dequantizes the GGUF tensors; the int8 variants keep the
+embedding table in its exact GGUF block form where that rebuilds the float32 values bit for bit.
+:mod:`specdec.models.presets` calls it once per variant, in a work folder, under a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+
+from specdec.errors import SpecDecError
+from specdec.models.catalog import VARIANTS, Preset
+
+__all__ = ["convert", "strip_gguf_quantization"]
+
+
+def _gguf_chat_template(gguf_path: pathlib.Path) -> str | None:
+    """The ``tokenizer.chat_template`` metadata of a GGUF file, or None."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.chat_template")
+    if field is None:
+        return None
+    try:
+        value = field.contents()
+    except AttributeError:  # older gguf: no contents()
+        value = bytes(field.parts[field.data[0]]).decode("utf-8")
+    return value if isinstance(value, str) and value else None
+
+
+@contextlib.contextmanager
+def _transformers_progress(enabled: bool):
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if enabled:
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+def strip_gguf_quantization(model, dtype=None) -> None:
+    """Make a model loaded from GGUF savable as a plain checkpoint of ``dtype`` (float32 if None).
+
+    transformers keeps a GGUF "quantizer" on the model even when every weight was dequantized,
+    and ``save_pretrained`` refuses to save it. Check that nothing is still packed, then drop it.
+    """
+    import torch
+
+    packed = sorted({type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()})
+    if packed:
+        raise SpecDecError(
+            f"transformers kept GGUF-packed layers ({', '.join(packed)}) instead of dequantizing; "
+            "cannot save a plain checkpoint. Uninstall the `kernels` package or use another transformers version."
+        )
+    dtype = dtype or torch.float32
+    for pname, param in model.named_parameters():
+        if param.dtype != dtype:
+            raise SpecDecError(f"weight {pname} has dtype {param.dtype} after loading, expected {dtype}")
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
+        quantizer.remove_quantization_config(model)
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+def _eos_ids(preset: Preset, model, tokenizer) -> list[int]:
+    ids: list[int] = []
+    first = model.config.eos_token_id
+    for value in first if isinstance(first, (list, tuple)) else [first]:
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    vocab = tokenizer.get_vocab()
+    for token in preset.extra_eos_tokens:
+        tid = vocab.get(token)
+        if tid is None:
+            raise SpecDecError(f"preset {preset.name!r}: end token {token!r} is not in the GGUF's vocabulary")
+        if tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+def convert(
+    preset: Preset, gguf_path: pathlib.Path, out: pathlib.Path, progress: bool, *, variant: str = "bf16",
+    base: bool = True,
+) -> None:
+    """Write the weights of ``variant`` (:data:`VARIANTS`) into the new folder ``out``, and with
+    ``base`` also the config, generation config and tokenizer files.
+
+    bf16 is dequantized straight into bfloat16: transformers dequantizes each GGUF tensor to float32
+    and rounds it to bfloat16 at once (``Tensor.to``, round to nearest even), the same rounding that
+    casting the float32 checkpoint at load time did, so the tensors are bit-identical to it, and no
+    float32 model is held. fp32 and the int8 variants start from the float32 model.
+    """
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = str(gguf_path.parent)
+    name = gguf_path.name
+    load_kwargs = {}
+    try:  # newer transformers: ask for plain dense weights explicitly
+        from transformers import GgufConfig
+
+        load_kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    except ImportError:  # pragma: no cover - older transformers always dequantizes
+        pass
+    dtype = torch.bfloat16 if variant == "bf16" else torch.float32
+
+    with (
+        tqdm(total=4 if base else 2, desc=f"{preset.name}: converting ({variant})", disable=not progress) as bar,
+        _transformers_progress(progress),
+    ):
+        bar.set_postfix_str("dequantizing weights")
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=dtype, **load_kwargs)
+        strip_gguf_quantization(model, dtype)
+        bar.update()
+        template = None
+        if base:
+            bar.set_postfix_str("tokenizer")
+            tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+            template = getattr(tokenizer, "chat_template", None)
+            if not template:  # transformers dropped it: read it from the GGUF metadata ourselves
+                template = _gguf_chat_template(gguf_path)
+                if template:
+                    tokenizer.chat_template = template
+            max_len = getattr(model.config, "max_position_embeddings", None)
+            if max_len:
+                tokenizer.model_max_length = int(max_len)
+            if preset.instruct and not getattr(tokenizer, "chat_template", None):
+                raise SpecDecError(f"the GGUF of instruct preset {preset.name!r} has no chat template")
+            eos = _eos_ids(preset, model, tokenizer)
+            gen = model.generation_config
+            gen.eos_token_id = eos if len(eos) > 1 else eos[0]
+            if gen.bos_token_id is None and model.config.bos_token_id is not None:
+                gen.bos_token_id = model.config.bos_token_id
+            if gen.pad_token_id is None:
+                gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+            bar.update()
+
+        bar.set_postfix_str(f"saving {VARIANTS[variant]}")
+        out.mkdir(parents=True, exist_ok=True)
+        if variant in ("bf16", "fp32"):
+            # one file (no shards): the variant is then one atomic rename away from the folder
+            model.save_pretrained(out, variant=None if variant == "bf16" else variant, max_shard_size="1000GB")
+        else:
+            from specdec.models.quantize import quantize_hf, save_quantized
+
+            model.config.save_pretrained(out)
+            model.generation_config.save_pretrained(out)
+            quantize_hf(model, variant)
+            save_quantized(model, out / VARIANTS[variant], variant, blocks=_exact_blocks(model, gguf_path))
+        del model
+        if base:
+            tokenizer.save_pretrained(out)
+        bar.update()
+
+        if base:
+            bar.set_postfix_str("checking tokenizer")
+            _ensure_chat_template(preset, out, template)
+            bar.update()
+
+
+#: GGUF types whose values are d * k (d: a float16 per block of BLOCK values, k: a small integer): float32
+#: holds the product exactly, so int8 k and float16 d give the dequantized float32 tensor back bit for bit.
+_SCALED_INT_TYPES = ("Q8_0", "Q5_0", "Q4_0")
+#: Values per block (one float16 scale d each) in those types.
+BLOCK = 32
+#: Bytes of a block's scale d, the first field of each block.
+SCALE_BYTES = 2
+INT8_MIN, INT8_MAX = -128, 127
+
+
+def _exact_blocks(model, gguf_path: pathlib.Path) -> dict:
+    """``{state key: (k int8 [rows, cols], d float16 [rows, cols // BLOCK])}`` for the float tensors of
+    ``model`` (those a dynamic int8 model keeps in float32: the embedding table) that come from a
+    Q8_0 / Q5_0 / Q4_0 GGUF tensor, each checked to rebuild the float32 tensor exactly (else left out,
+    and stored in float32): about a quarter of the float32 bytes.
+    """
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+
+    from specdec.models.quantize import expand_blocks
+
+    candidates = [t for t in GGUFReader(str(gguf_path)).tensors if t.tensor_type.name in _SCALED_INT_TYPES]
+    found: dict = {}
+    seen: set[int] = set()
+    for key, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.dim() != 2:
+            continue
+        if value.shape[1] % BLOCK or value.data_ptr() in seen:
+            continue
+        seen.add(value.data_ptr())
+        for tensor in candidates:
+            if tuple(int(n) for n in reversed(tensor.shape)) != tuple(value.shape):
+                continue
+            raw = np.asarray(tensor.data).reshape(value.shape[0], -1)
+            block_bytes = raw.shape[1] // (value.shape[1] // BLOCK)
+            scales = np.ascontiguousarray(raw.reshape(value.shape[0], -1, block_bytes)[:, :, :SCALE_BYTES]).view(np.float16)
+            d = torch.from_numpy(scales.reshape(value.shape[0], -1).copy())
+            values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(value.shape).copy())
+            with np.errstate(all="ignore"):
+                ratio = values.view(value.shape[0], -1, BLOCK) / d.float().unsqueeze(-1)
+            k = torch.nan_to_num(ratio, nan=0.0, posinf=0.0, neginf=0.0).round().clamp(INT8_MIN, INT8_MAX).to(torch.int8)
+            k = k.view(value.shape)
+            if torch.equal(expand_blocks(k, d), value):  # bit-identical to what transformers made
+                found[key] = (k, d)
+                break
+    return found
+
+
+def _ensure_chat_template(preset: Preset, out: pathlib.Path, template: str | None) -> None:
+    """Reload the saved tokenizer; write the GGUF's chat template ourselves if it was dropped."""
+    from transformers import AutoTokenizer
+
+    if not template:
+        return
+    if getattr(AutoTokenizer.from_pretrained(out), "chat_template", None):
+        return
+    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+    if not getattr(AutoTokenizer.from_pretrained(out), "chat_template", None):
+        raise SpecDecError(
+            f"could not save the chat template of preset {preset.name!r} in a form transformers reloads"
+        )
