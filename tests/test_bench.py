@@ -189,3 +189,21 @@ def test_llama_cpp_method_errors(monkeypatch):
     assert methods.default_methods() == METHODS
     assert "llama-cpp" in select_methods(None, "qwen2.5-coder-1.5b")  # a preset: its GGUF is packaged
     assert "llama-cpp" not in select_methods(None, "some/hf-folder")  # the default leaves it out, no error
+
+
+@pytest.mark.parametrize("command, argv, message", [
+    ("bench", ["--drafts", "nosuch-model"], "unknown model 'nosuch-model'"),
+    ("bench", ["--drafts", "qwen2.5-coder-0.5b:int8<-nosuch-model"], "unknown model 'nosuch-model'"),
+    ("bench", ["--target", "nosuch-target"], "unknown model 'nosuch-target'"),
+    ("alpha", ["--drafts", "bigram", "nosuch-model"], "unknown model 'nosuch-model'"),
+])
+def test_bench_and_alpha_check_models_before_loading(monkeypatch, capsys, command, argv, message):
+    from specdec.bench.drafts import ModelPool
+    from specdec.cli import main
+
+    def must_not_load(self, name, quantize=None):
+        raise AssertionError(f"{name} was loaded before the names were checked")
+
+    monkeypatch.setattr(ModelPool, "get", must_not_load)
+    assert main([command, *argv, "--n-prompts", "1"]) == 2
+    assert message in capsys.readouterr().err

@@ -39,7 +39,7 @@ from specdec.bench.arguments import (
     DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
     add_threads_argument, number_list,
 )
-from specdec.bench.drafts import ModelPool, build_draft, corpus_ids, is_model_spec, needs_corpus, parse_spec
+from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus, parse_spec
 from specdec.bench.formatting import fmt, short
 from specdec.bench.machine import dtype_name, machine_info
 from specdec.bench.tasks import encode_item, has_chat_template, load_task, ngram_corpus
@@ -214,6 +214,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: 
         torch.set_num_threads(args.threads)
     task = load_task(args.task, args.n_prompts)
     pool = pool if pool is not None else ModelPool(args.dtype)
+    check_models(pool, None if target is not None else (args.target, None), args.drafts)
     target = target if target is not None else pool.get(args.target)
     corpus_text, corpus_source = ngram_corpus(args.ngram_corpus, task)
     ids_corpus = corpus_ids(corpus_text, target) if needs_corpus(args.drafts) else None

@@ -15,7 +15,7 @@ from specdec.drafters.spec import parse_spec
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 
-__all__ = ["CorpusNGramDrafter", "ModelPool", "build_draft", "corpus_ids", "is_model_spec", "needs_corpus",
+__all__ = ["CorpusNGramDrafter", "ModelPool", "build_draft", "check_models", "corpus_ids", "is_model_spec", "needs_corpus",
            "parse_spec", "spec_models"]
 
 
@@ -69,6 +69,21 @@ class ModelPool:
                 model.configure(compile=True)
             self.models[key] = model
         return self.models[key]
+
+
+def check_models(pool: ModelPool, target: tuple[str, str | None] | None, specs: Sequence[str]) -> None:
+    """Every check loading would make on the target (name, quantization) and the model levels of ``specs``,
+    made before the first model loads; models already in the pool and random weights are not checked."""
+    from specdec.drafters.spec import check_draft
+    from specdec.models import check_load
+
+    if pool.random_weights:
+        return
+    if target is not None and (f"{target[0]}:{target[1]}" if target[1] else target[0]) not in pool.models:
+        check_load(target[0], dtype=pool.dtype, quantize=target[1], device=pool.device)
+    for spec in specs:
+        if not any(lv.name in pool.models or f"{lv.name}:{lv.quantize}" in pool.models for lv in parse_spec(spec)):
+            check_draft(spec, dtype=pool.dtype, device=pool.device)
 
 
 def build_draft(spec: str, pool: ModelPool, corpus_ids: Sequence[int] | None = None) -> Any:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from specdec.bench.aggregation import compare, grid_rows, speedups, summarize
 from specdec.bench.arguments import validate
-from specdec.bench.drafts import ModelPool, build_draft, corpus_ids, needs_corpus, parse_spec, spec_models
+from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, needs_corpus, parse_spec, spec_models
 from specdec.bench.floor import weight_floor
 from specdec.bench.formatting import short
 from specdec.bench.grid import Cell, Grid, build_cells, grid_from_args, select_methods, skipped_assisted
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     task = task_from_args(args)
+    check_models(pool, None if target is not None else (args.target, args.quantize),
+                 grid.drafts + [a for a in (grid.assisted or []) if a not in grid.drafts] if draft is None else [])
     target = target if target is not None else pool.get(args.target, args.quantize)
     uses_drafts = "specdec-spec" in methods or "hf-assisted" in methods
     corpus_text, corpus_source = ngram_corpus(args.ngram_corpus, task)
