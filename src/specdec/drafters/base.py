@@ -83,7 +83,16 @@ class Drafter(Protocol):
 
 
 class DrafterBase:
-    """Default bookkeeping for drafters: stores the context, counts nothing, ignores feedback."""
+    """Default bookkeeping for drafters: stores the context, counts nothing, ignores feedback.
+
+    Two optional methods, used by exact speculative beam search (:mod:`specdec.beam`), which queries
+    many sequences that are not the decoded one (the nodes of its draft tree):
+
+    - ``distribution(sequence)``: q [V] of the token after ``sequence`` without learning from it, or
+      None when the drafter has none to offer (the default; beam search then calls ``propose``);
+    - ``observe(sequence)``: learn from ``sequence``, now the decoded one, without proposing (default:
+      nothing).
+    """
 
     name = "drafter"
     forward_passes = 0
@@ -93,4 +102,10 @@ class DrafterBase:
         self.context = context
 
     def update(self, n_accepted: int) -> None:
+        return None
+
+    def distribution(self, sequence: Sequence[int]) -> torch.Tensor | None:
+        return None
+
+    def observe(self, sequence: Sequence[int]) -> None:
         return None
