@@ -4,6 +4,9 @@ A drafter proposes up to k tokens that continue a sequence, optionally with the 
 sampled each one from, and then hears how many of them the target accepted. A drafter that gives
 no probabilities (prompt lookup, for example) counts as a one-hot q on each proposed token: the
 target then accepts token x with probability p(x).
+
+Drafters may also offer ``distribution`` and ``observe`` (see :class:`DrafterBase`), which exact
+speculative beam search uses; they are optional, so they are not part of the :class:`Drafter` protocol.
 """
 
 from __future__ import annotations
