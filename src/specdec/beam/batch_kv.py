@@ -5,10 +5,11 @@ and the tree paths are padded to one length), so the batch is one
 :class:`~specdec.models.static_cache.StaticKVCache` whose buffers are [R, H_kv, C, D] (allocated by
 the first pass with its batch size R) and one length shared by the rows:
 
-- feeding k tokens per row writes them at positions [length, length + k); the core's masks, cut to
-  the filled positions ([1, 1, k, length + k]), broadcast over the rows, and attention reads the
-  buffers' filled positions only (views, :class:`FilledKVCache`);
-- rollback lowers the length: the stale positions are overwritten before any pass reads them;
+- feeding k tokens per row writes them at positions [length, length + k); the masks [1, 1, k, C]
+  of the core broadcast over the rows;
+- rollback lowers the length: stale positions are masked, then overwritten (attention reads the
+  whole capacity, as in the core: attending to the filled length only changes the last bits of the
+  scores, enough to break bit-equality with transformers' scores in tests/test_beam.py);
 - selecting rows (a beam step's reorder, 1 prompt row to w beams, w beams to the B tree paths and
   back) is one gather of the buffers along the row dimension, as transformers' beam search reorders
   its cache; the gather is skipped when the rows stay as they are.
@@ -31,17 +32,6 @@ def initial_capacity(prompt_length: int, limit: int) -> int:
     return prompt_length + min(limit, MIN_CAPACITY)
 
 
-class FilledKVCache(StaticKVCache):
-    """A :class:`StaticKVCache` whose layers attend to the filled positions [0, end) only, not to the
-    whole capacity (beam passes are not graphed, so their shapes may follow the length)."""
-
-    end = 0  # positions filled once the pass under way has written its tokens
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, layer_idx)  # [R, H_kv, C, D] each
-        return keys[:, :, : self.end], values[:, :, : self.end]  # views [R, H_kv, end, D]
-
-
 class BatchKV:
     """A batch of sequences of one length in position-indexed buffers; forward passes update it in place.
 
@@ -51,7 +41,7 @@ class BatchKV:
 
     def __init__(self, model: LanguageModel, capacity: int):
         self.model = model
-        self.cache = FilledKVCache(model.hf_model.config, capacity, model.device, model.dtype)
+        self.cache = StaticKVCache(model.hf_model.config, capacity, model.device, model.dtype)
         self.tokens = torch.empty(1, 0, dtype=torch.long, device=model.device)  # [R, length] ids held per row
         self.fed = 0  # positions the last forward pass computed (rows x new tokens)
         self.shared = False  # the buffers are another handle's too (see branch)
@@ -109,9 +99,8 @@ class BatchKV:
             self._grow(max(start + k, 2 * self.cache.capacity))
         positions = torch.arange(start, start + k, device=new.device)  # [k], shared by the rows
         cache = self.cache
-        cache.positions, cache.end = positions, start + k
-        masks = {kind: mask[..., : start + k]  # [1, 1, k, start + k], broadcast over the rows
-                 for kind, mask in cache.attention_masks(positions, cache.dtype).items()}
+        cache.positions = positions
+        masks = cache.attention_masks(positions, cache.dtype)  # [1, 1, k, C] each, broadcast over rows
         mask = masks if len(masks) > 1 else masks["full_attention"]
         logits = self.model.hf_model(
             input_ids=new, position_ids=positions[None].expand(rows, -1), attention_mask=mask,
@@ -124,7 +113,7 @@ class BatchKV:
     def _grow(self, capacity: int) -> None:
         """Move the buffers into a cache of ``capacity`` positions (the new positions are zeros)."""
         old = self.cache
-        self.cache = FilledKVCache(self.model.hf_model.config, capacity, old.device, old.dtype)
+        self.cache = StaticKVCache(self.model.hf_model.config, capacity, old.device, old.dtype)
         pad = [0, 0, 0, capacity - old.capacity]  # the position dimension of [R, H_kv, C, D]
         self.cache.keys = [None if t is None else torch.nn.functional.pad(t, pad) for t in old.keys]
         self.cache.values = [None if t is None else torch.nn.functional.pad(t, pad) for t in old.values]
