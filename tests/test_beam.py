@@ -7,8 +7,9 @@ import torch
 
 import specdec
 from specdec.beam import beam_search
-from specdec.drafters import NGramDrafter
+from specdec.drafters import DraftContext, NGramDrafter
 from specdec.errors import SpecDecError
+from specdec.sampling import SamplingParams
 from tiny import load_tiny, perturbed, tiny_seq2seq
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
@@ -152,6 +153,33 @@ def test_max_new_tokens_is_respected_with_a_draft(spec_setup):
         plain = beam_search(target, PROMPT, num_beams=2, max_new_tokens=n)
         out = beam_search(target, PROMPT, num_beams=2, max_new_tokens=n, draft=target, gamma=4)
         assert out.token_ids == plain.token_ids and len(out.token_ids) <= n
+
+
+def test_ngram_distribution_is_the_smoothed_q_and_only_observe_learns():
+    d = NGramDrafter(order=2)
+    d.start(DraftContext([7, 8, 7, 9], SamplingParams(temperature=1.0), torch.Generator(), 12))
+    q = d.distribution([5, 7])
+    expected = torch.zeros(12)
+    expected[[7, 8, 9]] = torch.tensor([0.1 * 2 / 4, 0.9 / 2 + 0.1 / 4, 0.9 / 2 + 0.1 / 4])
+    assert torch.allclose(q, expected)
+    assert d.counts_after(7) == {8: 1, 9: 1}  # distribution() did not learn
+    d.observe([7, 8, 7, 9, 7, 8])
+    assert d.counts_after(7) == {8: 2, 9: 1}
+
+
+def test_beam_cache_grows_when_a_pass_needs_more_positions(spec_setup, monkeypatch):
+    import specdec.beam.exact
+    import specdec.beam.report
+
+    target, plain, drafts = spec_setup
+    options = dict(num_beams=3, max_new_tokens=N_NEW, draft_beams=4, gamma=3, seed=1)
+    before = [beam_search(target, PROMPT, draft=d, mode=m, **options).token_ids
+              for d in (drafts["good (perturbed copy)"], "bigram") for m in ("exact", "report")]
+    for module in (specdec.beam.exact, specdec.beam.report):
+        monkeypatch.setattr(module, "initial_capacity", lambda prompt_length, limit: 2)
+    after = [beam_search(target, PROMPT, draft=d, mode=m, **options).token_ids
+             for d in (drafts["good (perturbed copy)"], "bigram") for m in ("exact", "report")]
+    assert after == before and before[0] == plain[3].token_ids
 
 
 # -- the report's Algorithm 2 (approximate) -------------------------------------------------------

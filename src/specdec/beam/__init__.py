@@ -39,7 +39,8 @@ Layout: ``search.py`` (the public :func:`beam_search`, validation through
 :class:`~specdec.config.GenerationConfig`), ``state.py`` (transformers' beam state), ``exact.py``
 (Appendix A.4: the draft tree and the target's pass over it), ``report.py`` (the report's
 Algorithm 2), ``drafts.py`` (log q of a tree level from a model or a drafter with probabilities),
-``batch_kv.py`` (the batched KV cache with snapshots).
+``batch_kv.py`` (the batched KV cache: the core's position-indexed buffers, one row per beam or tree
+path, all rows of one length; reordering beams is one row gather, rollback lowers the length).
 """
 
 from specdec.beam.search import MODES, BeamOutput, beam_search

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.beam.batch_kv import BatchKV
+from specdec.beam.batch_kv import BatchKV, initial_capacity
 from specdec.beam.drafts import ModelDraft, ProbabilityDraft
 from specdec.beam.state import BeamState
 
@@ -17,22 +17,25 @@ def exact_beam_search(target, prompt, w, u, limit, kind, draft_obj, gamma, lengt
     eos_t = torch.tensor(sorted(eos), dtype=torch.long, device=prompt.device)
     state = BeamState(w, limit, eos_t, length_penalty, early_stopping)
 
-    def target_forward(kv: BatchKV, seqs: torch.Tensor, n_logits: int):
+    capacity = initial_capacity(prompt.numel(), limit)
+    tkv = BatchKV(target, capacity)  # rows: the running beams, or the tree's paths during a round
+
+    def target_forward(seqs: torch.Tensor, n_logits: int) -> torch.Tensor:
         t0 = clock()
-        kv, logits = kv.forward(seqs, n_logits)
+        logits = tkv.forward(seqs, n_logits)
         stats["time_target_s"] += clock() - t0
         stats["target_calls"] += 1
-        stats["target_positions"] += kv.fed
-        return kv, logits.float()
+        stats["target_positions"] += tkv.fed
+        return logits.float()
 
     # Prefill the prompt once (batch 1); its logits are the first step's for all w (identical) beams.
-    tkv, logits = target_forward(BatchKV(target), prompt[None], 1)
+    logits = target_forward(prompt[None], 1)
     state.step(F.log_softmax(logits[:, -1], dim=-1).expand(w, -1))
 
     draft = None
     if kind is not None:
         if kind == "model":
-            draft = ModelDraft(draft_obj, vocab)
+            draft = ModelDraft(draft_obj, vocab, capacity)
         else:
             draft = ProbabilityDraft(draft_obj, vocab, eos, generator, prompt.device)
         t0 = clock()
@@ -44,19 +47,18 @@ def exact_beam_search(target, prompt, w, u, limit, kind, draft_obj, gamma, lengt
         g = min(gamma, state.n - state.cur - 1) if draft is not None else 0
         roots = state.running(prompt)  # [w, L]
         if g <= 0:  # plain beam step
-            tkv, logits = target_forward(tkv, roots, 1)
+            logits = target_forward(roots, 1)
             state.step(F.log_softmax(logits[:, -1], dim=-1))
             continue
         # 1. the draft's own beam search of width u for g steps, from the target's running beams
         t0 = clock()
-        draft.begin_round()
         calls_before = draft.calls
         levels = _draft_tree(draft, roots, state.run_scores.clone(), u, g, eos_t, vocab)
         stats["draft_calls"] += draft.calls - calls_before
         stats["time_draft_s"] += clock() - t0
         # 2. one target pass over every root-to-leaf path of the tree
         paths, where = _tree_paths(roots, levels)
-        tkv, logits = target_forward(tkv, paths, g + 1)  # [B, g + 1, V]
+        logits = target_forward(paths, g + 1)  # [B, g + 1, V]
         stats["rounds"] += 1
         stats["drafted_steps"] += g
         # 3. target beam steps while its running beams are nodes of the tree

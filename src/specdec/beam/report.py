@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.acceptance import speculative_sampling
-from specdec.beam.batch_kv import BatchKV
+from specdec.beam.batch_kv import BatchKV, initial_capacity
 from specdec.drafters.model import fit_width
 from specdec.models import LanguageModel
 from specdec.sampling import SamplingParams, sample, standardize
@@ -43,13 +43,14 @@ def report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length_
         drafter.start(DraftContext(prompt.tolist(), sampling, generator, vocab, frozenset(eos), device=prompt.device))
     # Prefill the prompt once (batch 1) for the target and a draft model; the beams' chains reuse it.
     t0 = clock()
-    tkv0 = _prefill(target, prompt[:-1])
+    capacity = initial_capacity(prompt.numel(), limit)
+    tkv0 = _prefill(target, prompt[:-1], capacity)
     stats["time_target_s"] += clock() - t0
     stats["target_calls"] += int(tkv0.fed > 0)
     stats["target_positions"] += tkv0.fed
     dkv0 = None
     if kind == "model":
-        dkv0 = _prefill(draft_obj, prompt[:-1])
+        dkv0 = _prefill(draft_obj, prompt[:-1], capacity)
         stats["draft_calls"] += int(dkv0.fed > 0)
     beams = [_Hypothesis([], 0.0, False, tkv0, dkv0)]
     while True:
@@ -68,7 +69,8 @@ def report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length_
             g = chains.shape[1] - seq.numel()
             # 2. the target scores all chains in one pass
             t0 = clock()
-            tkv, logits = beam.tkv.forward(chains, g + 1)  # [k, g + 1, V]
+            tkv = beam.tkv.branch()  # other beams may continue from the same cache
+            logits = tkv.forward(chains, g + 1)  # [k, g + 1, V]
             stats["time_target_s"] += clock() - t0
             stats["target_calls"] += 1
             stats["target_positions"] += tkv.fed
@@ -101,9 +103,12 @@ def report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length_
     return best.tokens, best.score / (max(len(best.tokens), 1) ** length_penalty)
 
 
-def _prefill(model: LanguageModel, ids: torch.Tensor) -> BatchKV:
+def _prefill(model: LanguageModel, ids: torch.Tensor, capacity: int) -> BatchKV:
     """The cache of ids [n] (batch 1); an empty cache when n is 0."""
-    return BatchKV(model).forward(ids[None], 1)[0] if ids.numel() else BatchKV(model)
+    kv = BatchKV(model, capacity)
+    if ids.numel():
+        kv.forward(ids[None], 1)
+    return kv
 
 
 def _sample_chains(kind, model, drafter, dkv, seq, k, g, vocab, generator, stats):
@@ -113,8 +118,9 @@ def _sample_chains(kind, model, drafter, dkv, seq, k, g, vocab, generator, stats
         return chains, None, dkv
     if kind == "model":
         qs = []
+        dkv = dkv.branch()  # other beams may continue from the same cache
         for _ in range(g):
-            dkv, logits = dkv.forward(chains, 1)
+            logits = dkv.forward(chains, 1)
             stats["draft_calls"] += 1
             q = standardize(fit_width(logits[:, -1].float(), vocab), SamplingParams(temperature=1.0))  # [k, V]
             x = sample(q, generator).unsqueeze(-1)  # [k, 1]

@@ -4,6 +4,9 @@ A drafter proposes up to k tokens that continue a sequence, optionally with the 
 sampled each one from, and then hears how many of them the target accepted. A drafter that gives
 no probabilities (prompt lookup, for example) counts as a one-hot q on each proposed token: the
 target then accepts token x with probability p(x).
+
+Drafters may also offer ``distribution`` and ``observe`` (see :class:`DrafterBase`), which exact
+speculative beam search uses; they are optional, so they are not part of the :class:`Drafter` protocol.
 """
 
 from __future__ import annotations
@@ -83,7 +86,16 @@ class Drafter(Protocol):
 
 
 class DrafterBase:
-    """Default bookkeeping for drafters: stores the context, counts nothing, ignores feedback."""
+    """Default bookkeeping for drafters: stores the context, counts nothing, ignores feedback.
+
+    Two optional methods, used by exact speculative beam search (:mod:`specdec.beam`), which queries
+    many sequences that are not the decoded one (the nodes of its draft tree):
+
+    - ``distribution(sequence)``: q [V] of the token after ``sequence`` without learning from it, or
+      None when the drafter has none to offer (the default; beam search then calls ``propose``);
+    - ``observe(sequence)``: learn from ``sequence``, now the decoded one, without proposing (default:
+      nothing).
+    """
 
     name = "drafter"
     forward_passes = 0
@@ -93,4 +105,10 @@ class DrafterBase:
         self.context = context
 
     def update(self, n_accepted: int) -> None:
+        return None
+
+    def distribution(self, sequence: Sequence[int]) -> torch.Tensor | None:
+        return None
+
+    def observe(self, sequence: Sequence[int]) -> None:
         return None

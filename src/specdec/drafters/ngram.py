@@ -16,6 +16,8 @@ import torch
 from specdec.drafters.base import Draft, DraftContext, DrafterBase
 from specdec.sampling import sample, standardize
 
+BACKOFF = 0.1  # weight of the unigram in distribution()'s interpolation with the bigram
+
 
 class NGramDrafter(DrafterBase):
     """An n-gram model with n = 1 (unigram) or n = 2 (bigram, backing off to the unigram).
@@ -71,13 +73,43 @@ class NGramDrafter(DrafterBase):
             logits.zero_()
         return logits.to(self.context.device, non_blocking=True)
 
-    def propose(self, sequence: Sequence[int], k: int) -> Draft:
-        if k <= 0:
-            return Draft.empty(self.context.device)
-        # Learn from the tokens added since the last proposal.
+    def observe(self, sequence: Sequence[int]) -> None:
+        """Learn from the tokens ``sequence`` added since the last call (or proposal); without a corpus only."""
         if self.corpus_ids is None and len(sequence) > self._last_len:
             self._observe(sequence[self._last_len:], previous=sequence[self._last_len - 1] if self._last_len else None)
         self._last_len = len(sequence)
+
+    def distribution(self, sequence: Sequence[int]) -> torch.Tensor:
+        """The smoothed q [V] of the token after ``sequence``, without learning from it.
+
+        This is the q speculative beam search ranks the draft's candidates with
+        (:mod:`specdec.beam`): the bigram's counts after the last token interpolated with the unigram's
+        (weight BACKOFF), each normalised. A bigram seen once has a single successor, and a beam of
+        width u needs u candidates: the unigram ranks the rest instead of leaving them to chance.
+        ``propose`` samples from the unsmoothed back-off q instead (the bigram, else the unigram).
+        """
+        ctx = self.context
+        unigram = self._normalised(self.unigram)
+        bigram = self._normalised(self.counts_after(sequence[-1])) if self.order == 2 and sequence else None
+        if bigram is None or unigram is None:
+            q = bigram if unigram is None else unigram
+            return q if q is not None else torch.full((ctx.vocab_size,), 1.0 / ctx.vocab_size, device=ctx.device)
+        return (1.0 - BACKOFF) * bigram + BACKOFF * unigram
+
+    def _normalised(self, counts: dict[int, int]) -> torch.Tensor | None:
+        """counts as probabilities [V] on the generation's device; None when there are none."""
+        if not counts:
+            return None
+        device = self.context.device
+        q = torch.zeros(self.context.vocab_size, device=device)
+        ids = torch.tensor(list(counts.keys()), dtype=torch.long, device=device)
+        q[ids] = torch.tensor(list(counts.values()), dtype=torch.float32, device=device)
+        return q / q.sum()
+
+    def propose(self, sequence: Sequence[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft.empty(self.context.device)
+        self.observe(sequence)  # learn from the tokens added since the last proposal
         ctx = self.context
         tokens, qs = [], []
         previous = sequence[-1]
