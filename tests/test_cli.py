@@ -1,6 +1,5 @@
 """The specdec command, run in-process on a tiny model saved to a local folder."""
 
-import argparse
 import json
 
 import pytest

@@ -18,7 +18,6 @@ import specdec
 from specdec.drafters import DraftContext, RetokenizedDrafter, make_drafter
 from specdec.drafters.retokenized import TokenText
 from specdec.errors import SpecDecError
-from specdec.models.session import common_prefix_length
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
 from tiny import VOCAB, load_tiny, perturbed, tiny_model

@@ -19,6 +19,9 @@ from specdec.errors import SpecDecError
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the packaged pair (same tokenizer)
 from specdec.sampling import SamplingParams
 
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "INT8_DRAFT_GAMMA", "INT8_DRAFT_SCHEDULE", "MAX_GAMMA_FLOOR",
+           "GenerationConfig", "default_draft", "speculation_defaults"]
+
 # Dynamic int8 (torch.ao) runs on CPU only; a draft's quantization changes speed and alpha, never the output.
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
 DEFAULT_GAMMA = 4
