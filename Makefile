@@ -20,8 +20,10 @@ setup: $(BIN)/python
 demo: setup
 	$(BIN)/specdec generate "def quicksort(arr):" --max-new-tokens 64
 
+# Two workers, one test file each at a time (module fixtures load a model once per file): most tests
+# are tiny models bound by Python overhead, so two processes use two cores where one would use one.
 test: setup
-	$(BIN)/python -m pytest -q -rs --durations=15
+	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
 
 bench: setup
 	$(BIN)/specdec bench

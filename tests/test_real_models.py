@@ -42,7 +42,7 @@ def test_smollm2_speculative_equals_plain_and_transformers(smollm, prompt):
     plain = specdec.generate(smollm, prompt, max_new_tokens=n)
     assert_equals_transformers(smollm, plain, n)
     for draft in (smollm, "prompt-lookup", "random", "bigram"):
-        for gamma in (1, 2, 4, 8):
+        for gamma in (1, 3, 8):
             out = specdec.generate(smollm, prompt, draft=draft, gamma=gamma, max_new_tokens=n)
             assert out.token_ids == plain.token_ids, (getattr(draft, "name", draft), gamma)
 

@@ -336,8 +336,8 @@ def test_bench_runs_transformers_universal_assisted_generation_as_a_peer(target,
 
 
 def test_cli_takes_a_draft_with_another_tokenizer(target, tokenizers, tmp_path, capsys):
-    # --draft FOLDER with another tokenizer: int8 by default on CPU, the default (adaptive) schedule and
-    # the other schedules, and as the last level of a hierarchy; greedy output equals plain decoding.
+    # --draft FOLDER with another tokenizer: quantized (FOLDER:int8, the int8 policy's adaptive schedule) and
+    # not, other schedules, and as the last level of a hierarchy; greedy output equals plain decoding.
     import json
 
     from specdec import cli
@@ -354,7 +354,8 @@ def test_cli_takes_a_draft_with_another_tokenizer(target, tokenizers, tmp_path, 
     plain = specdec.generate(specdec.load(str(target_dir), dtype="fp32"), PROMPT, max_new_tokens=16)
     for extra in ([], ["--gamma-schedule", "heuristic"], ["--gamma", "3", "--draft-quantize", "none"],
                   ["--draft", str(middle_dir)]):
-        drafts = ["--draft", str(middle_dir), "--draft", str(draft_dir)] if "--draft" in extra else ["--draft", str(draft_dir)]
+        drafts = (["--draft", str(middle_dir), "--draft", str(draft_dir)] if "--draft" in extra
+                  else ["--draft", str(draft_dir) + ("" if extra else ":int8")])
         extra = [] if "--draft" in extra else extra
         code = cli.main(["generate", PROMPT, "--target", str(target_dir), *drafts, "--dtype", "fp32",
                          "--max-new-tokens", "16", "--json", *extra])

@@ -63,7 +63,7 @@ def server(tmp_path_factory):
     env = {**{k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}, "OMP_NUM_THREADS": "1"}
     log = open(root / "server.log", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli", "serve", "--target", target, "--draft", draft, "--dtype", "fp32",
+        [sys.executable, "-m", "specdec.cli", "serve", "--target", target, "--draft", draft + ":int8", "--dtype", "fp32",
          "--port", str(port), "--max-queue", str(MAX_QUEUE), "--log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
@@ -129,7 +129,7 @@ def test_completions_equal_generate(server, client, reference, prompt):
     assert out.choices[0].text == ref.text and out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ref.prompt_ids), 12)
     stats = out.model_extra["specdec"]
-    assert stats["exact"] and stats["new_tokens"] == 12 and stats["gamma_schedule"] == "adaptive"  # the CLI default
+    assert stats["exact"] and stats["new_tokens"] == 12 and stats["gamma_schedule"] == "adaptive"  # the policy for one int8 model draft
     assert 1 <= stats["target_calls"] <= 12 and 0 <= stats["accepted"] <= stats["drafted"]
 
     chunks = list(client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0,

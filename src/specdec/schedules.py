@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from specdec.analysis import optimal_gamma, speculation_pays
 
 SCHEDULES = ("constant", "heuristic", "adaptive", "confidence")
+HEURISTIC_GROW = 2  # heuristic: gamma + 2 after a step whose drafted tokens were all accepted ...
+HEURISTIC_SHRINK = 1  # ... and gamma - 1 after a rejection (the report's rule)
+ADAPTIVE_DECAY = 0.9  # adaptive: weight of the past in the exponential averages of alpha and times
+ADAPTIVE_ALPHA0 = 0.8  # adaptive: alpha assumed before any step was observed
+ADAPTIVE_PROBE_EVERY = 16  # adaptive: plain steps between two probing steps that draft one token
 
 
 @dataclass
@@ -62,9 +67,9 @@ class HeuristicSchedule(GammaSchedule):
         if feedback.drafted == 0:
             return
         if feedback.accepted == feedback.drafted:
-            self.gamma = min(self.max_gamma, self.gamma + 2)
+            self.gamma = min(self.max_gamma, self.gamma + HEURISTIC_GROW)
         else:
-            self.gamma = max(1, self.gamma - 1)
+            self.gamma = max(1, self.gamma - HEURISTIC_SHRINK)
 
 
 class AdaptiveSchedule(GammaSchedule):
@@ -87,7 +92,8 @@ class AdaptiveSchedule(GammaSchedule):
 
     name = "adaptive"
 
-    def __init__(self, gamma: int, max_gamma: int, decay: float = 0.9, alpha0: float = 0.8, probe_every: int = 16):
+    def __init__(self, gamma: int, max_gamma: int, decay: float = ADAPTIVE_DECAY, alpha0: float = ADAPTIVE_ALPHA0,
+                 probe_every: int = ADAPTIVE_PROBE_EVERY):
         super().__init__(gamma, max_gamma)
         self.decay = decay
         self.probe_every = probe_every

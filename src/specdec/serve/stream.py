@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from specdec.text import IncrementalDecoder
+
 
 def held_back(text: str, stop: Sequence[str]) -> int:
     """How many characters at the end of ``text`` could be the start of a stop string."""
@@ -36,24 +38,17 @@ class TextStream:
     """
 
     def __init__(self, decode: Callable[[list], str], stop: Sequence[str] = ()):
-        self.decode, self.stop = decode, tuple(stop)
-        self.ids: list = []
+        self.decoder = IncrementalDecoder(decode)  # one short decode per group (specdec.text)
+        self.stop = tuple(stop)
         self.text = ""  # the decoded text so far
         self.sent = ""  # the part of it already sent
-        # Incremental decoding (as text-generation-inference does): decode only the tokens from prefix_offset,
-        # and take what they add to the text of ids[prefix_offset:read_offset]; a tokenizer may decode a token
-        # differently at the start of a sequence (a leading space), so the window starts one group earlier.
-        self.prefix_offset = self.read_offset = 0
 
     def push(self, ids: Sequence) -> str:
         """The new text that is safe to send after the tokens ``ids`` ('' while it is held back)."""
-        self.ids.extend(ids)
-        before = self.decode(self.ids[self.prefix_offset:self.read_offset])
-        after = self.decode(self.ids[self.prefix_offset:])
-        if after.endswith("\ufffd") or len(after) <= len(before):  # an incomplete multi-byte character: wait
+        added = self.decoder.push(ids)
+        if not added:  # an incomplete multi-byte character, or tokens without text: wait
             return ""
-        self.text += after[len(before):]
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += added
         start = max(0, len(self.sent) - max((len(s) for s in self.stop), default=0))
         cuts = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
         visible = self.text[: min(cuts)] if cuts else self.text[: len(self.text) - held_back(self.text, self.stop)]
