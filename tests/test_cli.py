@@ -61,6 +61,9 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys
     assert spec("--draft", "a", "--draft", "b:int8-tensor", "--draft", "bigram", "--draft-quantize", "int8") \
         == spec("--draft", "a<-b:int8-tensor<-bigram", "--draft-quantize", "int8") == "a:int8<-b:int8-tensor<-bigram"
     assert spec("--draft", "none") == "none"
+    # without --draft, --draft-quantize applies to the default draft model
+    assert spec("--device", "cpu", "--draft-quantize", "none") == "qwen2.5-coder-0.5b"
+    assert spec("--device", "cpu", "--draft-quantize", "int8-tensor") == "qwen2.5-coder-0.5b:int8-tensor"
 
 
 def test_colour_marks_draft_and_target_tokens(capsys, model_dir):

@@ -291,7 +291,7 @@ def test_generate_verbose_prints_load_time_and_peak_memory(capsys, tmp_path):
 
     tiny_model(eos=None).save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
-    code = cli.main(["generate", "w1 w2 w3", "--target", str(tmp_path), "--draft", str(tmp_path),
+    code = cli.main(["generate", "w1 w2 w3", "--target", str(tmp_path), "--draft", f"{tmp_path}:int8",
                      "--max-new-tokens", "4", "--color", "never", "--verbose"])
     err = capsys.readouterr().err
     assert code == 0

@@ -146,15 +146,23 @@ class _Streamer:
 
 def draft_spec(args: argparse.Namespace) -> str:
     """--draft (levels of repeated options joined as a hierarchy) with --draft-quantize applied, or the
-    default draft of the device; 'none' for plain decoding."""
-    from specdec.config import default_draft
+    default draft ('none' for plain decoding). Without --draft, --draft-quantize quantizes the default
+    draft model (none: unquantized); without either, the device's default draft."""
+    from specdec.config import DEFAULT_DRAFT, default_draft
     from specdec.drafters.spec import PLAIN, is_plain, join_levels, with_default_quantization
+    from specdec.models.quantize import check_method
 
-    spec = join_levels(args.draft) if args.draft else default_draft(args.device)
+    method = args.draft_quantize
+    method = None if method is None or str(method).lower() == "none" else method
+    if method is not None:
+        check_method(method)
+    if args.draft:
+        spec = join_levels(args.draft)
+    else:
+        spec = default_draft(args.device) if args.draft_quantize is None else DEFAULT_DRAFT
     if is_plain(spec):
         return PLAIN
-    method = args.draft_quantize
-    return with_default_quantization(spec, None if method is None or str(method).lower() == "none" else method)
+    return with_default_quantization(spec, method)
 
 
 def _load_draft(args: argparse.Namespace, target):
