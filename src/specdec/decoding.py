@@ -133,7 +133,7 @@ def _check_names(target: Any, draft: Any) -> None:
 
     if isinstance(target, (str, os.PathLike)):
         source_kind(target)
-    from specdec.drafters.spec import is_spec, model_levels
+    from specdec.drafters.spec import as_draft_error, is_spec, model_levels
 
     names = [level.name for level in model_levels(draft)] if is_spec(draft) else draft
     for spec in names if isinstance(names, (list, tuple)) else [names]:
@@ -141,7 +141,7 @@ def _check_names(target: Any, draft: Any) -> None:
             try:
                 source_kind(spec)
             except SpecDecError as err:
-                raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)})") from None
+                raise as_draft_error(err) from None
 
 
 def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:

@@ -17,7 +17,7 @@ from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
 from specdec.drafters.random_tokens import RandomDrafter
 from specdec.drafters.retokenized import RetokenizedDrafter
-from specdec.drafters.spec import is_spec, load_draft
+from specdec.drafters.spec import as_draft_error, is_spec, load_draft
 from specdec.errors import SpecDecError
 
 __all__ = [
@@ -75,7 +75,7 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
         try:
             spec = load(spec, dtype=dtype if dtype is not None else target.dtype, device=target.device)
         except SpecDecError as err:
-            raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(DRAFTER_NAMES)})") from None
+            raise as_draft_error(err) from None
     model = load(spec)
     if model.is_encoder_decoder != target.is_encoder_decoder:
         kinds = {True: "an encoder-decoder", False: "a decoder-only"}

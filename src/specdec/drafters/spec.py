@@ -32,6 +32,13 @@ def _drafter_names() -> Any:
     return DRAFTER_NAMES
 
 
+def as_draft_error(err: SpecDecError, plain: bool = False) -> SpecDecError:
+    """``err`` (a model that could not be found or loaded) as a draft's error: it names what else a draft
+    may be (the parameter-free drafters, and ``none`` where plain decoding can be chosen)."""
+    names = [*_drafter_names(), *([PLAIN] if plain else [])]
+    return SpecDecError(f"{err} (as a draft, also accepted: {', '.join(names)})")
+
+
 def is_spec(value: Any) -> bool:
     """True for a string that only the spec grammar reads: a hierarchy or a quantized level."""
     if not isinstance(value, str):
@@ -114,7 +121,7 @@ def load_draft(spec: str, target: Any, dtype: Any = None, compile: bool = False)
             out.append(load(level.name, dtype=dtype if dtype is not None else target.dtype, quantize=level.quantize,
                             device=target.device, compile=compile))
         except SpecDecError as err:
-            raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(drafters)}, {PLAIN})") from None
+            raise as_draft_error(err, plain=True) from None
     return out[0] if len(out) == 1 else out
 
 
@@ -129,4 +136,4 @@ def check_draft(spec: str, dtype: Any = None, device: Any = None) -> None:
         try:
             check_load(level.name, dtype=dtype, quantize=level.quantize, device=device)
         except SpecDecError as err:
-            raise SpecDecError(f"{err} (as a draft, also accepted: {', '.join(_drafter_names())}, {PLAIN})") from None
+            raise as_draft_error(err, plain=True) from None
