@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import specdec
 from specdec import cli
@@ -329,3 +330,36 @@ def test_a_prompt_of_exactly_the_context_length(capsys, model_dir):
     assert code == 2 and "the prompt has 256 tokens but" in err and "reads at most 256; shorten the prompt" in err
     code, out, _ = run(capsys, "generate", " ".join(["w5"] * 255), "--target", model_dir, "--draft", "none", "--json")
     assert code == 0 and json.loads(out)["stats"]["new_tokens"] == 1 and json.loads(out)["stats"]["stop_reason"] == "context"
+
+
+@pytest.mark.parametrize("options, target_dtype, draft_dtype", [
+    ([], torch.bfloat16, torch.bfloat16),
+    (["--dtype", "fp32"], torch.float32, torch.float32),
+    (["--quantize", "int8"], torch.float32, torch.float32),  # an int8 target runs float32, and so does its draft
+    (["--dtype", "fp16", "--quantize", "int8"], torch.float32, torch.float16),
+])
+def test_the_draft_loads_first_in_the_dtype_and_on_the_device_the_target_gets(model_dir, options, target_dtype,
+                                                                             draft_dtype):
+    """load_models loads the draft before the target (so an int8 draft packs while the target loads); it
+    must still get what it got when loaded after the target: the target's dtype and device."""
+    args = cli.build_parser().parse_args(["generate", "w1", "--target", model_dir, "--draft", model_dir, *options])
+    target, draft = cli.load_models(args)
+    assert target.dtype == target_dtype and draft.dtype == draft_dtype
+    assert draft.device == target.device
+
+
+def test_the_command_leaves_without_teardown_and_loses_no_output(model_dir):
+    """`specdec generate` ends with os._exit after flushing (cli.entry): the whole JSON document arrives
+    through a pipe, and the exit status is main's (2 for bad input)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "specdec.cli", "generate", "w1 w2 w3", "--target", model_dir, "--draft", "none",
+            "--dtype", "fp32", "--max-new-tokens", "5"]
+    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    api = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=5)
+    assert doc["token_ids"] == api.token_ids
+    bad = subprocess.run([*argv, "--gamma", "0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "gamma" in bad.stderr and "Traceback" not in bad.stderr

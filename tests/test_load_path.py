@@ -249,7 +249,9 @@ def test_new_files_give_what_the_old_path_gave(monkeypatch, old_folders, preset,
         assert new.eos_token_ids == {0, 2} and new.vocab_size == 49152
     if kwargs.get("quantize"):
         assert new.quantization == kwargs["quantize"] and new.name == f"{preset}+{kwargs['quantize']}"
-        assert "quantized" in type(new.hf_model.model.layers[0].mlp.down_proj).__module__
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+        assert isinstance(new.hf_model.model.layers[0].mlp.down_proj, DynamicLinear)  # the dynamic int8 kernel
     if preset == "gemma3-270m":
         from safetensors import safe_open
 
@@ -335,3 +337,49 @@ def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
     _assert_same_tensors(loaded, reference)
     with pytest.raises(specdec.SpecDecError, match="does not give its values back"):
         save_quantized(hf, tmp_path / "bad.safetensors", "int8", blocks={key: (k, (d * 2).to(torch.float16))})
+
+
+def test_presets_with_the_same_vocabulary_files_share_one_tokenizer(tmp_path):
+    """The Qwen draft and target ship one tokenizer.json but different chat templates: the second preset
+    folder reuses the loaded tokenizer (same backend, so the vocabulary check is an identity test) with
+    its own chat template; a folder with other vocabulary files gets its own."""
+    from transformers import AutoTokenizer
+
+    from specdec.models import _preset_tokenizer, same_vocabulary
+    from tiny import tiny_tokenizer
+
+    loads = []
+
+    def load(folder):
+        loads.append(folder)
+        return AutoTokenizer.from_pretrained(folder)
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for folder, template in ((a, "A{{ messages[0]['content'] }}"), (b, "B{{ messages[0]['content'] }}")):
+        tok = tiny_tokenizer()
+        tok.chat_template = template
+        tok.save_pretrained(folder)
+    other = tiny_tokenizer()
+    other.add_tokens(["extra"])
+    other.save_pretrained(c)
+    first = _preset_tokenizer(a, load)
+    again = _preset_tokenizer(a, load)
+    second = _preset_tokenizer(b, load)
+    third = _preset_tokenizer(c, load)
+    assert loads == [a, c] and again is first
+    assert second is not first and second.backend_tokenizer is first.backend_tokenizer
+    chat = [{"role": "user", "content": "w1"}]
+    assert first.apply_chat_template(chat, tokenize=False) == "Aw1"
+    assert second.apply_chat_template(chat, tokenize=False) == "Bw1"
+    assert second("w1 w2").input_ids == AutoTokenizer.from_pretrained(b)("w1 w2").input_ids
+
+    class Model:  # what same_vocabulary reads of a LanguageModel
+        def __init__(self, tokenizer):
+            self.tokenizer = tokenizer
+
+        @property
+        def vocabulary_fingerprint(self):
+            raise AssertionError("a shared backend needs no fingerprint")
+
+    assert same_vocabulary(Model(first), Model(second))
+    assert third.backend_tokenizer is not first.backend_tokenizer and len(third) == len(first) + 1

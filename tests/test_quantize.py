@@ -65,3 +65,57 @@ def test_quantized_target_depends_on_the_block_and_is_labelled_not_exact():
 def test_unknown_quantization():
     with pytest.raises(specdec.SpecDecError, match="unknown quantization 'int4'; use one of: int8, int8-tensor"):
         quantized_copy(load_tiny(), "int4")
+
+
+def _int8_weight(out_features=48, in_features=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=g)
+    scales = w.abs().amax(dim=1) / 127
+    return torch.quantize_per_channel(w, scales, torch.zeros(out_features, dtype=torch.long), 0, torch.qint8)
+
+
+def test_background_packed_linear_waits_for_its_packing_and_equals_torchs():
+    """A preset's int8 layer packs its weight on a thread (specdec.models.quantize); its first use waits."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.ao.nn.quantized.dynamic import Linear
+
+    from specdec.models.quantize import BackgroundPackedLinear
+
+    qweight, bias = _int8_weight(), torch.randn(48)
+    reference = Linear(32, 48)
+    reference.set_weight_bias(qweight, bias)
+    gate = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(gate.wait)  # the packing queues behind this job: not packed until the gate opens
+        layer = BackgroundPackedLinear(1, 1)
+        layer.in_features, layer.out_features = 32, 48
+        layer.pack_in_background(pool, qweight, bias)
+        assert not layer._packing.done()
+        threading.Timer(0.2, gate.set).start()
+        x = torch.randn(3, 32)
+        assert torch.equal(layer(x), reference(x))  # forward waited for the packing
+        assert layer._packing is None
+        assert torch.equal(layer.weight().int_repr(), qweight.int_repr()) and torch.equal(layer.bias(), bias)
+        # state_dict and copies wait too
+        gate.clear()
+        pool.submit(gate.wait)
+        other = BackgroundPackedLinear(1, 1)
+        other.pack_in_background(pool, qweight, bias)
+        threading.Timer(0.2, gate.set).start()
+        weight, got_bias = other.state_dict()["_packed_params._packed_params"]
+        assert torch.equal(weight.int_repr(), qweight.int_repr()) and torch.equal(got_bias, bias)
+    assert torch.equal(copy.deepcopy(layer)(x), reference(x))
+
+
+def test_background_packing_error_is_raised_at_first_use():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdec.models.quantize import BackgroundPackedLinear
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        layer = BackgroundPackedLinear(1, 1)
+        layer.pack_in_background(pool, torch.randn(4, 4), None)  # not a quantized tensor: packing fails
+        with pytest.raises(RuntimeError):
+            layer(torch.randn(1, 1))

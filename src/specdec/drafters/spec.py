@@ -103,11 +103,16 @@ def model_levels(spec: str) -> list[DraftLevel]:
     return [lv for lv in parse_spec(spec) if lv.name not in drafters]
 
 
-def load_draft(spec: str, target: Any, dtype: Any = None, compile: bool = False) -> Any:
+def load_draft(spec: str, target: Any = None, dtype: Any = None, compile: bool = False, device: Any = None) -> Any:
     """What :func:`specdec.generate` takes as ``draft=`` for ``spec``: None for ``none``, a drafter name, a
-    loaded model, or a list of them (a hierarchy). Models load like the target (its device, its dtype
-    unless ``dtype`` says otherwise), each with its level's quantization."""
+    loaded model, or a list of them (a hierarchy). Models load like ``target`` (its device, its dtype
+    unless ``dtype`` says otherwise), each with its level's quantization; without a target (a draft loaded
+    before it), on ``device`` in ``dtype``."""
     from specdec.models import load
+
+    if target is not None:
+        dtype = dtype if dtype is not None else target.dtype
+        device = target.device
 
     if is_plain(spec):
         return None
@@ -118,8 +123,7 @@ def load_draft(spec: str, target: Any, dtype: Any = None, compile: bool = False)
             out.append(level.name)
             continue
         try:
-            out.append(load(level.name, dtype=dtype if dtype is not None else target.dtype, quantize=level.quantize,
-                            device=target.device, compile=compile))
+            out.append(load(level.name, dtype=dtype, quantize=level.quantize, device=device, compile=compile))
         except SpecDecError as err:
             raise as_draft_error(err, plain=True) from None
     return out[0] if len(out) == 1 else out

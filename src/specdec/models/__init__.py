@@ -7,8 +7,10 @@ the only model type the rest of specdec sees.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from specdec.devices import resolve_device
 from specdec.errors import SpecDecError
 from specdec.models.causal import KVSession, LanguageModel
 
-__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "check_load", "source_kind", "check_same_device",
+__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "load_dtype", "check_load", "source_kind", "check_same_device",
            "check_same_vocabulary", "same_vocabulary"]
 
 _DTYPES = {
@@ -38,6 +40,12 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
         return _DTYPES[str(dtype).lower()]
     except KeyError:
         raise SpecDecError(f"unknown dtype {dtype!r}; use one of: bf16, fp32, fp16") from None
+
+
+def load_dtype(dtype: str | torch.dtype | None, quantize: str | None = None) -> torch.dtype:
+    """The dtype :func:`load` gives a model loaded by name with these options."""
+    # Dynamic int8 runs with float32 activations: load float32 weights so nothing is rounded twice.
+    return torch.float32 if quantize else parse_dtype(dtype)
 
 
 def _preset_names() -> list[str]:
@@ -92,8 +100,7 @@ def load(
     if not isinstance(source, (str, os.PathLike)):
         raise SpecDecError(f"specdec.load() takes a preset name, a path, a hub id or a transformers model, got {type(source).__name__}")
 
-    # Dynamic int8 runs with float32 activations: load float32 weights so nothing is rounded twice.
-    torch_dtype = torch.float32 if quantize else parse_dtype(dtype)
+    torch_dtype = load_dtype(dtype, quantize)
     text = str(source)
     kind = source_kind(text)
     gguf_file = None
@@ -184,25 +191,73 @@ def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: st
         from transformers import AutoTokenizer
 
         wrapped = _wrap(load_quantized(folder, folder / VARIANTS[quantize], quantize),
-                        AutoTokenizer.from_pretrained(folder), name, None, engine, cuda_graphs, compile)
+                        _preset_tokenizer(folder, AutoTokenizer.from_pretrained), name, None, engine,
+                        cuda_graphs, compile)
         mark_quantized(wrapped, quantize)  # (CPU only: load() refused quantize on another device)
     else:
         variant = "bf16" if dtype == torch.bfloat16 else "fp32"
         folder = resolve_preset(preset, variant=variant)
-        model, tokenizer = _from_pretrained(folder, None, dtype, variant=None if variant == "bf16" else variant)
+        model, tokenizer = _from_pretrained(folder, None, dtype, variant=None if variant == "bf16" else variant,
+                                            preset=True)
         wrapped = _wrap(model.to(device), tokenizer, name, None, engine, cuda_graphs, compile)
     wrapped.load_seconds = time.perf_counter() - started  # conversion included on first use
     return wrapped
 
 
+# Presets of one family ship the same tokenizer (the Qwen 0.5B draft and 1.5B target): loading a
+# 150k-token tokenizer is a noticeable part of a short run, so it is loaded once per set of vocabulary
+# files (keyed by their sha256; weakly held, so it goes with its last model). A folder whose chat template
+# differs (the two Qwen GGUFs embed slightly different ones) gets a shallow copy with its own template:
+# the copy shares the backend, so the draft's vocabulary check needs no comparison of the tables.
+_VOCABULARY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                     "vocab.json", "merges.txt", "tokenizer.model")
+_CHAT_TEMPLATE_FILE = "chat_template.jinja"
+_preset_tokenizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _files_digest(folder: Path, files: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for file in files:
+        path = folder / file
+        if path.is_file():
+            digest.update(file.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _preset_tokenizer(folder: Path, load_tokenizer: Any) -> Any:
+    """The tokenizer of a preset folder, shared with an already loaded preset whose vocabulary files are
+    byte-identical."""
+    import copy
+
+    folder = Path(folder)
+    key = _files_digest(folder, _VOCABULARY_FILES)
+    template = _files_digest(folder, (_CHAT_TEMPLATE_FILE,))
+    shared = _preset_tokenizers.get(key)
+    if shared is None:
+        tokenizer = load_tokenizer(folder)
+        tokenizer._specdec_template_digest = template
+        _preset_tokenizers[key] = tokenizer
+        return tokenizer
+    if shared._specdec_template_digest == template:
+        return shared
+    tokenizer = copy.copy(shared)  # the same backend and vocabulary, this folder's chat template
+    path = folder / _CHAT_TEMPLATE_FILE
+    tokenizer.chat_template = path.read_text(encoding="utf-8") if path.is_file() else None
+    tokenizer._specdec_template_digest = template
+    return tokenizer
+
+
 def _from_pretrained(
-    folder: Any, gguf_file: str | None, dtype: torch.dtype, variant: str | None = None
+    folder: Any, gguf_file: str | None, dtype: torch.dtype, variant: str | None = None, preset: bool = False
 ) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        if preset:
+            tokenizer = _preset_tokenizer(folder, AutoTokenizer.from_pretrained)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         config = AutoConfig.from_pretrained(folder, **kwargs)
         auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
         if variant:
@@ -250,6 +305,9 @@ def same_vocabulary(target: LanguageModel, draft: LanguageModel) -> bool:
     """
     if target.tokenizer is draft.tokenizer:
         return True
+    backend = getattr(target.tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend is getattr(draft.tokenizer, "backend_tokenizer", None):
+        return True  # one fast tokenizer's table, shared (presets of one family: see _preset_tokenizer)
     return len(target.tokenizer) == len(draft.tokenizer) and target.vocabulary_fingerprint == draft.vocabulary_fingerprint
 
 

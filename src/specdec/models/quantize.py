@@ -16,8 +16,10 @@ the measurements that chose it over bf16 and torchao are in the README ("Benchma
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from specdec.errors import SpecDecError
 
@@ -69,16 +71,71 @@ def mark_quantized(model, method: str) -> None:
 _META_KEY = "specdec_quantized_linears"
 
 
-def _dynamic_linear_cls():
-    from torch.ao.nn.quantized.dynamic import Linear
+# Packing an int8 weight for fbgemm (``linear_prepack``) is most of an int8 load's time and releases the
+# GIL. A loaded layer packs on a background thread and waits for
+# its packing when first used, so the packing overlaps whatever comes next (loading the target).
+_packer: ThreadPoolExecutor | None = None
 
-    return Linear
+
+def _packing_pool() -> ThreadPoolExecutor:
+    global _packer
+    if _packer is None:
+        # as many threads as torch computes with (measured against one thread and against packing before
+        # the load returns: README, "Loading the presets")
+        _packer = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()), thread_name_prefix="specdec-pack")
+    return _packer
+
+
+class BackgroundPackedLinear(DynamicLinear):
+    """torch's dynamic int8 Linear whose weight is packed on a background thread; every use of the
+    weight (forward, ``weight()``, ``state_dict``, copying) waits for the packing first."""
+
+    _packing = None  # the packing's Future; None once it is done and checked
+
+    def pack_in_background(self, pool: ThreadPoolExecutor, qweight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self._packing = pool.submit(self._pack, qweight, bias)
+
+    def _pack(self, qweight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensors are deprecated upstream, present in 2.13
+            self.set_weight_bias(qweight, bias)
+
+    def wait_packed(self) -> None:
+        packing = self._packing
+        if packing is not None:
+            packing.result()  # re-raises a packing error here
+            self._packing = None
+
+    def forward(self, x):
+        self.wait_packed()
+        return super().forward(x)
+
+    def _weight_bias(self):
+        self.wait_packed()
+        return super()._weight_bias()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self.wait_packed()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def __getstate__(self):
+        self.wait_packed()
+        return super().__getstate__()
+
+
+def wait_packed(model) -> None:
+    """Wait until every int8 layer of ``model`` (a transformers model) has its weight packed."""
+    for module in model.modules():
+        if hasattr(module, "wait_packed"):
+            module.wait_packed()
 
 
 def expand_blocks(k: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """float32 ``k * d`` with one float16 ``d`` per block of 32 along a row (exact: see presets)."""
     rows, cols = k.shape
-    out = k.view(rows, -1, 32).to(torch.float32) * d.to(torch.float32).unsqueeze(-1)
+    out = torch.empty(rows, cols // 32, 32, dtype=torch.float32)
+    out.copy_(k.view(rows, -1, 32))  # one float32 buffer, scaled in place (the table is 0.5 GB for the 0.5B)
+    out.mul_(d.to(torch.float32).unsqueeze(-1))
     return out.view(rows, cols)
 
 
@@ -92,12 +149,11 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None) -> None:
 
     from safetensors.torch import save_file
 
-    qlinear = _dynamic_linear_cls()
     blocks = blocks or {}
     tensors: dict[str, torch.Tensor] = {}
     modules: dict[str, dict] = {}
     for name, mod in hf.named_modules():
-        if not isinstance(mod, qlinear):
+        if not isinstance(mod, DynamicLinear):
             continue
         weight, bias = mod._weight_bias()
         info = {"in": mod.in_features, "out": mod.out_features, "bias": bias is not None}
@@ -134,9 +190,11 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None) -> None:
 def load_quantized(folder, path, method: str):
     """Build the transformers model in ``folder`` (config) with the quantized weights of ``path``.
 
-    The model skeleton is made without weights (``accelerate.init_empty_weights``); each linear layer
-    is then replaced by a dynamic int8 one made from the stored int8 weights, and the other tensors
-    are filled in from the file: no float32 copy of a linear layer is ever made.
+    Each linear layer becomes a dynamic int8 one made from the stored int8 weights, which start packing
+    on background threads at once; the model skeleton is then made without weights
+    (``accelerate.init_empty_weights``; importing the model's code takes seconds, while the weights pack),
+    the layers put in and the other tensors filled in from the file: no float32 copy of a linear layer is
+    ever made.
     """
     import json
 
@@ -145,21 +203,18 @@ def load_quantized(folder, path, method: str):
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     check_method(method)
-    qlinear = _dynamic_linear_cls()
-    config = AutoConfig.from_pretrained(folder)
-    try:
-        from transformers.initialization import no_init_weights
-    except ImportError:  # pragma: no cover - older transformers
-        from transformers.modeling_utils import no_init_weights
-    with init_empty_weights(include_buffers=False), no_init_weights():
-        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    pool = _packing_pool()
+    linears: dict[str, BackgroundPackedLinear] = {}
+    rest: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt") as f, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
         meta = f.metadata() or {}
         if meta.get("specdec_quantization") != method:
             raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
         modules = json.loads(meta[_META_KEY])
-        for name, info in modules.items():
+        # the largest first: the 0.5B's lm_head packs for as long as all its layers together, so it
+        # packs on one thread while the layers pack on the other
+        for name, info in sorted(modules.items(), key=lambda item: -item[1]["in"] * item[1]["out"]):
             weight = f.get_tensor(f"{name}.weight_int8")
             scales = f.get_tensor(f"{name}.weight_scales")
             zero_points = f.get_tensor(f"{name}.weight_zero_points")
@@ -168,14 +223,12 @@ def load_quantized(folder, path, method: str):
             else:
                 qweight = torch._make_per_tensor_quantized_tensor(weight, float(scales[0]), int(zero_points[0]))
             bias = f.get_tensor(f"{name}.bias") if info["bias"] else None
-            module = qlinear(1, 1, bias_=info["bias"], dtype=torch.qint8)  # packs a 1x1 placeholder only
+            module = BackgroundPackedLinear(1, 1, bias_=info["bias"], dtype=torch.qint8)  # a 1x1 placeholder
             module.in_features, module.out_features = info["in"], info["out"]
-            module.set_weight_bias(qweight, bias)
-            parent, _, attr = name.rpartition(".")
-            setattr(hf.get_submodule(parent) if parent else hf, attr, module)
+            module.pack_in_background(pool, qweight, bias)
+            linears[name] = module
             del weight, qweight
         prefixes = tuple(f"{n}." for n in modules)
-        rest = {}
         for key in f.keys():
             if key.startswith(prefixes) or key.endswith(".d_float16"):
                 continue
@@ -184,6 +237,16 @@ def load_quantized(folder, path, method: str):
                 rest[base] = expand_blocks(f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
             else:
                 rest[key] = f.get_tensor(key)
+    config = AutoConfig.from_pretrained(folder)
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older transformers
+        from transformers.modeling_utils import no_init_weights
+    with init_empty_weights(include_buffers=False), no_init_weights():
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for name, module in linears.items():
+        parent, _, attr = name.rpartition(".")
+        setattr(hf.get_submodule(parent) if parent else hf, attr, module)
     for key, tensor in rest.items():  # assign: the tensors read from the file become the weights
         owner, _, attr = key.rpartition(".")
         module = hf.get_submodule(owner) if owner else hf
