@@ -15,11 +15,12 @@ end-of-sequence token) and a stop string that never appears, so every round chec
 Prints, for each of ``--repeat`` generations, the time of each measure and its share of the
 generation's wall time, then the median share of the stop check.
 
-Measured on 2026-11-23 on this project's 2-core machine, shared (load average 5-8): the incremental
-check took a median 1.92% of a 4,096-token plain generation (runs between 1.6% and 2.2%), where the old
-check (the whole text decoded every round) took 24.2%. A round's check costs one decode of a few tokens,
-about 20-40 microseconds right after a forward pass (the tokenizer's code and data are cold then; the
-same call takes 2-4 microseconds in a tight loop), against about 2 ms for the tiny model's step.
+Measured on 2026-11-23 (AMD EPYC, AVX2, 2 cores, load average about 0.9), median of 5 runs: 0.78% of a
+4,096-token plain generation with the byte-level piece path (``LanguageModel.piece_bytes``: a round's
+text is its tokens' memoized bytes joined, no decode call); 1.86% just before it, with one decode of a
+short window per round (about 40 microseconds right after a forward pass, when the tokenizer's code and
+data are cold; 2-4 microseconds in a tight loop); 24.2% for the first version, which decoded the whole
+text every round (measured earlier, under load).
 """
 
 from __future__ import annotations

@@ -103,3 +103,68 @@ def test_model_decode_equals_the_tokenizers_decode():
         assert model.decode(ids[:1] + ids[6:8]) == tok.decode(ids[:1] + ids[6:8], skip_special_tokens=True)
     finally:
         model.tokenizer = saved
+
+
+def _byte_level_model():
+    """A LanguageModel with the byte-level tokenizer (its decoder is tokenizers' ByteLevel)."""
+    import specdec
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = byte_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, eos_token_id=None, bos_token_id=None)
+    return specdec.load(LlamaForCausalLM(config), tokenizer=tok, name="bytes")
+
+
+def test_piece_bytes_only_where_a_text_is_its_tokens_bytes_joined():
+    """For a byte-level tokenizer the text of any tokens, random bytes included (invalid UTF-8, split
+    characters), is their bytes joined and decoded as Python decodes with errors="replace"; and decoding
+    in two parts cut by complete_prefix gives the same text."""
+    from tiny import load_tiny
+
+    from specdec.text import complete_prefix
+
+    model = _byte_level_model()
+    piece = model.piece_bytes
+    assert piece is not None
+    rng = random.Random(0)
+    alphabet = list(TEXT) + ["\n", " ", "\t", "€", "𝄞", "\ufffd"]
+    for n in range(400):
+        if n % 2:
+            ids = model.tokenizer("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))))["input_ids"]
+        else:  # any token ids at all: random bytes and special tokens
+            ids = [rng.randrange(len(model.tokenizer)) for _ in range(rng.randint(1, 12))]
+        data = b"".join(piece(i) for i in ids)
+        assert data.decode("utf-8", errors="replace") == model.decode(ids)
+        for split in range(len(ids) + 1):
+            head = b"".join(piece(i) for i in ids[:split])
+            cut = complete_prefix(head)
+            assert head[:cut].decode("utf-8", "replace") + (head[cut:] + data[len(head):]).decode("utf-8", "replace") \
+                == model.decode(ids)
+    assert load_tiny().piece_bytes is None  # a word-level decoder adds spaces between tokens
+    model.tokenizer.clean_up_tokenization_spaces = True
+    assert type(model).piece_bytes.func(model) is None  # transformers' clean-up changes text across tokens
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("stops, first", [(["no such", "🙂 EN", "D of"], "🙂 EN"), (["no such", "ö"], "ö"),
+                                          (["字 a"], "字 a")])  # each spans tokens (multi-byte characters)
+def test_stop_scan_reads_pieces_without_decoding_and_finds_what_decoding_finds(seed, stops, first):
+    model = _byte_level_model()
+    calls = []
+
+    def decode(ids):
+        calls.append(list(ids))
+        return model.decode(ids)
+
+    ids = model.tokenizer(TEXT)["input_ids"]
+    scan, reference = StopScan(decode, stops, model.piece_bytes), StopScan(model.decode, stops)
+    seen = []
+    for group in _groups(ids, seed):
+        seen.extend(group)
+        found = scan.push(group)
+        assert found == reference.push(group) == any(s in model.decode(seen) for s in stops), model.decode(seen)
+        if found:
+            break
+    assert found and first in model.decode(seen) and first not in model.decode(seen[: len(seen) - len(group)])
+    assert calls == []  # the piece path never decodes

@@ -209,7 +209,7 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
                session, sequence, torch.tensor(sequence[-1:], dtype=torch.long).to(device), len(sequence), limit,
                new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
     if config.stop:
-        run.stop_scan = StopScan(target.decode, config.stop)
+        run.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
     session.prefill(sequence[:-1])
     if drafter is not None:
         t0 = wall()

@@ -57,6 +57,19 @@ class IncrementalDecoder:
         return added
 
 
+def complete_prefix(data: bytes) -> int:
+    """Where the unfinished UTF-8 character at the end of ``data`` starts (``len(data)`` if there is none):
+    its lead byte and fewer continuation bytes than the lead byte announces. Decoding ``data[:cut]`` and
+    later ``data[cut:] + more`` (errors="replace") gives the text of decoding ``data + more`` at once: no
+    character that starts before the cut reaches past it."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the last byte that is not a continuation byte
+            need = 2 if 0xC0 <= byte < 0xE0 else 3 if 0xE0 <= byte < 0xF0 else 4 if 0xF0 <= byte < 0xF8 else 1
+            return len(data) - back if back < need else len(data)
+    return len(data)
+
+
 class StopScan:
     """Says when the text of a generation may contain a stop string, reading each round's text once.
 
@@ -66,15 +79,30 @@ class StopScan:
     confirms it on the whole decoded text (once per generation) before it cuts.
     """
 
-    def __init__(self, decode: Callable[[list], str], stop: Sequence[str]):
+    def __init__(self, decode: Callable[[list], str], stop: Sequence[str], piece: Callable[[int], bytes] | None = None):
+        """decode: token ids -> text. piece: token id -> its UTF-8 bytes, for a tokenizer whose text of any
+        tokens is their bytes joined and decoded (a byte-level tokenizer: ``LanguageModel.piece_bytes``);
+        a round is then read without a decode call, holding back only the bytes of a character that a
+        later token completes. None: each round decodes a short window (IncrementalDecoder)."""
         self.stop = tuple(stop)
         self.keep = max(len(s) for s in self.stop) - 1
+        self.piece = piece
         self.decoder = IncrementalDecoder(decode)
+        self.pending = b""  # piece path: the start of a character the next tokens may complete (<= 3 bytes)
         self.tail = ""  # the last `keep` characters of the text so far
+
+    def _added(self, ids: Sequence) -> str:
+        """The text that ``ids`` add; the bytes of an unfinished character wait for the next push."""
+        if self.piece is None:
+            return self.decoder.push(ids)
+        data = self.pending + b"".join([self.piece(i) for i in ids])
+        cut = complete_prefix(data)
+        self.pending = data[cut:]
+        return data[:cut].decode("utf-8", errors="replace")
 
     def push(self, ids: Sequence) -> bool:
         """True when a stop string ends in the text that ``ids`` (the round's new tokens) add."""
-        window = self.tail + self.decoder.push(ids)
+        window = self.tail + self._added(ids)
         self.tail = window[-self.keep:] if self.keep else ""
         for s in self.stop:
             if s in window:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -147,6 +147,41 @@ class LanguageModel:
                 and kind.decode is PreTrainedTokenizerBase.decode):
             return self.tokenizer.backend_tokenizer
         return None
+
+    @functools.cached_property
+    def piece_bytes(self) -> Callable[[int], bytes] | None:
+        """token id -> the UTF-8 bytes of that token (memoized; b"" for a special token), where the text of
+        any tokens is their bytes joined and decoded: a byte-level tokenizer (GPT-2, Qwen, Llama 3,
+        SmolLM2), whose decoder does exactly that, run by the Rust tokenizer without space clean-up.
+        None otherwise (SentencePiece and WordPiece decoders change a token's text with its neighbours).
+        The stop scan reads a round's text with it, without a decode call (specdec.text.StopScan)."""
+        backend = self._backend_decoder
+        if backend is None or self.tokenizer.clean_up_tokenization_spaces:
+            return None
+        try:
+            from tokenizers import decoders
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
+        except ImportError:  # pragma: no cover - another transformers layout
+            return None
+        if type(backend.decoder) is not decoders.ByteLevel:
+            return None
+        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+        memo: dict[int, bytes] = {}
+
+        def piece(token: int) -> bytes:
+            data = memo.get(token)
+            if data is None:
+                text = backend.decode([token], skip_special_tokens=True)
+                if "\ufffd" in text:  # part of a character (or U+FFFD itself): the token's own bytes
+                    name = backend.id_to_token(token)
+                    text_bytes = [byte_of.get(c) for c in name]
+                    data = bytes(text_bytes) if None not in text_bytes else name.encode("utf-8")
+                else:
+                    data = text.encode("utf-8")
+                memo[token] = data
+            return data
+
+        return piece
 
     # -- decoding --------------------------------------------------------------------------------
     def start(self, prompt_ids: Sequence[int], max_positions: int | None = None) -> tuple[ModelSession, list[int]]:
