@@ -157,3 +157,12 @@ def test_bad_grid_options(models):
             bench.run(parse(*argv), target=target, progress=False)
     with pytest.raises(SpecDecError, match="not both"):
         bench.run(parse("--prompts-file", "x.jsonl", "--task", "translation"), target=target, progress=False)
+
+
+def test_theorem_8_c_of_a_draft_with_another_tokenizer():
+    """Its c is per TARGET token proposed: its own passes per target token times a pass's c, plus the
+    conversion between tokenizers in target steps."""
+    from specdec.bench.aggregation import retokenized_c
+
+    assert retokenized_c(0.1, 1.0, 0.0) == pytest.approx(0.1)  # one pass per target token, free conversion
+    assert retokenized_c(0.1, 1.4, 0.02) == pytest.approx(0.16)

@@ -333,6 +333,14 @@ def test_bench_runs_transformers_universal_assisted_generation_as_a_peer(target,
     assert result["methods"]["hf-assisted"]["new_tokens"] > 0
     assert result["methods"]["specdec-spec"]["drafted"] > 0
     assert result["step_costs"]["c_direct"] > 0  # the draft's step timed on the prompt in its own tokens
+    spec = result["methods"]["specdec-spec"]
+    assert spec["time_convert_s"] > 0
+    # Theorem 8's c for this draft is per target token proposed: its passes per target token, conversion
+    row = next(r for r in result["rows"] if r["method"] == "specdec-spec")
+    passes = spec["draft_calls"] / spec["drafted"]
+    assert row["draft_passes_per_target_token"] == pytest.approx(passes)
+    assert row["c"] == pytest.approx(result["step_costs"]["c_direct"] * passes
+                                     + spec["time_convert_s"] / spec["drafted"] / result["step_costs"]["target_k1_s"])
 
 
 def test_cli_takes_a_draft_with_another_tokenizer(target, tokenizers, tmp_path, capsys):

@@ -47,6 +47,7 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
     drafted_pos = [sum(s.drafted_per_position[i] for s in stats if i < len(s.drafted_per_position)) for i in range(width)]
     accepted_pos = [sum(s.accepted_per_position[i] for s in stats if i < len(s.accepted_per_position)) for i in range(width)]
     time_draft = sum(s.time_draft for s in stats)
+    time_convert = sum(getattr(s, "time_convert", 0.0) for s in stats)
     time_target = sum(s.time_target for s in stats)
     time_loop = sum(s.time_total for s in stats)  # from the KV session's start to the last token
     time_setup = max(0.0, seconds - time_loop)  # inside generate() but before the loop: model/drafter setup
@@ -63,6 +64,7 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
         "mean_accepted_length": ratio(tokens, target_calls),
         "acceptance_per_position": [a / d if d else None for a, d in zip(accepted_pos, drafted_pos)],
         "time_draft_s": time_draft,
+        "time_convert_s": time_convert,
         "time_target_s": time_target,
         "time_other_s": time_other,
         "time_setup_s": time_setup,
@@ -139,6 +141,14 @@ def speedups(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | 
     return out
 
 
+def retokenized_c(c_step: float, passes_per_token: float, convert_per_token: float) -> float:
+    """Theorem 8's c for a draft with another tokenizer: the cost of proposing one TARGET token, in
+    target steps. Such a draft runs ``passes_per_token`` of its own forward passes (each ``c_step``
+    target steps) per target token it proposes (its tokens are shorter or longer than the target's), and
+    converts text and tokens for ``convert_per_token`` target steps more."""
+    return c_step * passes_per_token + convert_per_token
+
+
 def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list[Cell],
           costs: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The flat rows of one temperature (Table 2 / Table 4 form), Theorem 8 beside each speculative one."""
@@ -168,7 +178,11 @@ def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list
             t1 = costs["target_k1_s"] if costs else None
             c_direct = entry.get("c_direct")
             c_loop = (m["time_draft_s"] / m["drafted"]) / t1 if m.get("drafted") and t1 else None
-            c = c_direct if c_direct is not None else c_loop
+            c, c_source = (c_direct, "direct") if c_direct is not None else (c_loop, "loop")
+            if m.get("time_convert_s") and c_direct is not None and m.get("drafted") and t1:
+                c = retokenized_c(c_direct, m["draft_calls"] / m["drafted"], m["time_convert_s"] / m["drafted"] / t1)
+                c_source = "direct x draft passes per target token + conversion"
+                row["draft_passes_per_target_token"] = m["draft_calls"] / m["drafted"]
             drafted_per_call = m["drafted"] / m["target_calls"] if m.get("target_calls") else 0.0
             if cell.schedule == "constant":
                 gamma, gamma_note = cell.gamma, "gamma"
@@ -177,7 +191,7 @@ def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list
             ratio = (costs or {}).get("verify_cost_ratio", {}).get(str(gamma))
             check = theory.compare(alpha=m.get("alpha"), gamma=gamma, c=c, plain=plain, spec=m,
                                    verify_cost_ratio=ratio) if plain else None
-            row.update(c=c, c_direct=c_direct, c_loop=c_loop, c_source="direct" if c_direct is not None else "loop",
+            row.update(c=c, c_direct=c_direct, c_loop=c_loop, c_source=c_source,
                        gamma_for_prediction=gamma, gamma_for_prediction_is=gamma_note,
                        expected_tokens=check and check.get("expected_tokens"),
                        predicted_speedup=check and check.get("predicted"),

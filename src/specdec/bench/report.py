@@ -88,7 +88,8 @@ def table(result: dict[str, Any]) -> str:
 CSV_COLUMNS = (
     "task", "temperature", "label", "method", "draft", "gamma", "schedule", "lenience", "exact", "runs", "new_tokens",
     "seconds", "tokens_per_second", "speedup_vs_specdec_plain", "speedup_vs_hf_plain", "alpha",
-    "mean_accepted_length", "acceptance_rate", "c", "c_source", "c_direct", "c_loop", "gamma_for_prediction",
+    "mean_accepted_length", "acceptance_rate", "c", "c_source", "c_direct", "c_loop", "draft_passes_per_target_token",
+    "gamma_for_prediction",
     "expected_tokens", "predicted_speedup", "measured_over_predicted", "within_15pct", "tokens_factor", "cost_factor",
     "identical_to_plain", "cpu_utilization",
 )
