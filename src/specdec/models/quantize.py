@@ -93,12 +93,9 @@ class BackgroundPackedLinear(DynamicLinear):
     _packing = None  # the packing's Future; None once it is done and checked
 
     def pack_in_background(self, pool: ThreadPoolExecutor, qweight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self._packing = pool.submit(self._pack, qweight, bias)
-
-    def _pack(self, qweight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # quantized tensors are deprecated upstream, present in 2.13
-            self.set_weight_bias(qweight, bias)
+        # (packing warns of nothing: the worker leaves the process-wide warning filters alone, which
+        # catch_warnings in several threads at once would not)
+        self._packing = pool.submit(self.set_weight_bias, qweight, bias)
 
     def wait_packed(self) -> None:
         packing = self._packing
