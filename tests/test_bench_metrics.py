@@ -38,7 +38,7 @@ def test_score_dispatch_and_errors():
         score(("meteor",), REF, REF)
     with pytest.raises(SpecDecError, match="reference"):
         score(("bleu",), REF, [REF[0], None])
-    with pytest.raises(SpecDecError):
+    with pytest.raises(SpecDecError, match="2 outputs but 1 references"):
         bleu(REF, REF[:1])
 
 

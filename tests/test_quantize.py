@@ -117,5 +117,5 @@ def test_background_packing_error_is_raised_at_first_use():
     with ThreadPoolExecutor(max_workers=1) as pool:
         layer = BackgroundPackedLinear(1, 1)
         layer.pack_in_background(pool, torch.randn(4, 4), None)  # not a quantized tensor: packing fails
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match="linear_prepack"):  # the packing's own error, not another
             layer(torch.randn(1, 1))

@@ -118,7 +118,7 @@ def test_unknown_task_and_missing_file(tmp_path):
         load_task("poetry")
     with pytest.raises(SpecDecError, match="not found"):
         load_task(f"jsonl:{tmp_path / 'nope.jsonl'}")
-    with pytest.raises(SpecDecError):
+    with pytest.raises(SpecDecError, match="number of prompts must be >= 1, got 0"):
         load_task("translation", 0)
 
 
