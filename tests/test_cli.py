@@ -163,8 +163,7 @@ def test_default_gamma_and_schedule_follow_the_draft():
     assert speculation_defaults(cli.draft_spec(args)) == (6, "adaptive")
 
 
-@pytest.fixture()
-def no_loading(monkeypatch):
+def forbid_loading(monkeypatch):
     """Any attempt to load a model fails the test: the CLI must reject bad input before loading."""
     import specdec.models
 
@@ -174,6 +173,11 @@ def no_loading(monkeypatch):
     for module, name in ((specdec, "load"), (specdec.models, "load"), (specdec.models, "_from_pretrained"),
                          (specdec.models, "_load_preset")):
         monkeypatch.setattr(module, name, must_not_load)
+
+
+@pytest.fixture()
+def no_loading(monkeypatch):
+    forbid_loading(monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -325,9 +329,13 @@ def test_seed_replay_through_the_cli(capsys, model_dir):
     assert other["token_ids"] != first["token_ids"]  # the seed matters: the replay is not a coincidence
 
 
-def test_a_prompt_of_exactly_the_context_length(capsys, model_dir):
-    code, _, err = run(capsys, "generate", " ".join(["w5"] * 256), "--target", model_dir, "--draft", "none")
-    assert code == 2 and "the prompt has 256 tokens but" in err and "reads at most 256; shorten the prompt" in err
+def test_a_prompt_of_exactly_the_context_length(capsys, monkeypatch, model_dir):
+    with monkeypatch.context() as patched:  # rejected from the tokenizer and config alone: no model loads
+        forbid_loading(patched)
+        code, _, err = run(capsys, "generate", " ".join(["w5"] * 256), "--target", model_dir, "--draft", "none")
+        assert code == 2 and "the prompt has 256 tokens but" in err and "reads at most 256; shorten the prompt" in err
+        code, _, err = run(capsys, "generate", "w5", "--target", model_dir, "--draft", "none", "--chat")
+        assert code == 2 and "has no chat template; drop chat=True (--chat)" in err
     code, out, _ = run(capsys, "generate", " ".join(["w5"] * 255), "--target", model_dir, "--draft", "none", "--json")
     assert code == 0 and json.loads(out)["stats"]["new_tokens"] == 1 and json.loads(out)["stats"]["stop_reason"] == "context"
 

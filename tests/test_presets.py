@@ -194,8 +194,9 @@ def test_join_order_and_atomic_install(monkeypatch, tmp_path):
         (out / "model.safetensors").write_bytes(b"")
 
     monkeypatch.setattr(presets, "_convert", fake_convert)
+    assert presets.converted_folder("fake", cache_dir=tmp_path / "cache") is None  # nothing converted yet
     path = resolve_preset("fake", cache_dir=tmp_path / "cache", progress=False)
-    assert path == final
+    assert path == final == presets.converted_folder("fake", cache_dir=tmp_path / "cache")
     assert seen["bytes"] == content
     assert seen["parent"] == final.parent  # worked next to the final folder (same file system)
     assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors", presets.MARKER_FILE]
@@ -214,7 +215,7 @@ def test_failed_conversion_leaves_no_folder(monkeypatch, tmp_path):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(presets, "_convert", boom)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="boom"):
         resolve_preset("fake", cache_dir=tmp_path / "cache", progress=False)
     assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == [".fake.lock"]
 

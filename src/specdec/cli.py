@@ -231,6 +231,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise specdec.SpecDecError("the prompt is empty; give some text to continue"
                                    + (" (standard input was empty)" if args.prompt == "-" else ""))
     _check_models(args)  # everything is checked before the first model loads
+    from specdec.models import check_prompt
+
+    tokenizer = check_prompt(args.target, prompt, chat=args.chat)  # noqa: F841 (held: the target shares it)
     started = time.perf_counter()
     target, draft = load_models(args)
     if args.verbose:

@@ -25,6 +25,7 @@ from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import Draft, DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
+from specdec.models.causal import check_prompt_length
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -156,12 +157,7 @@ def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: Gene
             raise SpecDecError(f"prompt token ids must be in [0, {target.vocab_size}), got {bad[:5]}")
     if not prompt_ids:
         raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
-    max_context = target.max_context
-    if max_context is not None and len(prompt_ids) >= max_context:
-        raise SpecDecError(
-            f"the prompt has {len(prompt_ids)} tokens but {target.name} reads at most {max_context}; "
-            "shorten the prompt"
-        )
+    check_prompt_length(len(prompt_ids), target.max_context, target.name)
     return prompt_ids
 
 

@@ -20,7 +20,7 @@ from specdec.devices import resolve_device
 from specdec.errors import SpecDecError
 from specdec.models.causal import KVSession, LanguageModel
 
-__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "load_dtype", "check_load", "source_kind", "check_same_device",
+__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "load_dtype", "check_load", "check_prompt", "source_kind", "check_same_device",
            "check_same_vocabulary", "same_vocabulary"]
 
 _DTYPES = {
@@ -162,6 +162,40 @@ def check_load(source: str | os.PathLike, *, dtype: str | torch.dtype | None = N
     parse_dtype(dtype)
     _check_quantize(quantize, resolve_device(device) if device is not None else None)
     return source_kind(source)
+
+
+def check_prompt(source: str | os.PathLike, prompt: str, *, chat: bool = False) -> Any:
+    """Check a text prompt against the tokenizer and context length of the model ``source`` names, before
+    any weight loads: an empty encoding, a prompt that fills the context, ``chat`` without a chat template.
+    Reads only the config and the tokenizer, from a local folder or a preset already converted.
+
+    Returns the tokenizer it read (hold it while the model loads: a preset's tokenizer is then shared, not
+    read again), or None where nothing can be read without converting or downloading (a preset not yet
+    converted, a .gguf file, a hub id); :func:`specdec.generate` checks the prompt there as always.
+    """
+    from specdec.models.causal import check_prompt_length, context_length, encode_text
+
+    kind = source_kind(source)
+    if kind == "preset":
+        from specdec.models.presets import converted_folder
+
+        folder = converted_folder(str(source))
+    else:
+        folder = Path(str(source)).expanduser() if kind == "folder" else None
+    if folder is None:
+        return None
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(folder)
+    if getattr(config, "is_encoder_decoder", False):
+        return None  # the seq2seq backend has its own context rules and refuses chat itself
+    tokenizer = (_preset_tokenizer(folder, AutoTokenizer.from_pretrained) if kind == "preset"
+                 else AutoTokenizer.from_pretrained(folder))
+    ids = encode_text(tokenizer, prompt, chat, str(source))
+    if not ids:
+        raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
+    check_prompt_length(len(ids), context_length(config), str(source))
+    return tokenizer
 
 
 def _check_quantize(quantize: str | None, device: torch.device | None) -> None:

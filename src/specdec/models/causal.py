@@ -25,6 +25,34 @@ ENGINES = ("dynamic", "static")
 __all__ = ["LanguageModel", "KVSession", "ModelSession", "common_prefix_length", "ENGINES"]
 
 
+
+def context_length(config: Any) -> int | None:
+    """The most positions a decoder-only model reads (its text config's ``max_position_embeddings``), or None."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text_config, "max_position_embeddings", None)
+
+
+def encode_text(tokenizer: Any, text: str, chat: bool, name: str) -> list[int]:
+    """``text`` as the model reads it: the tokenizer's ids (special tokens added), or with ``chat`` the ids
+    of a one-message user turn through the model's chat template."""
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise SpecDecError(f"{name} has no chat template; drop chat=True (--chat) for this model")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):  # BatchEncoding in recent transformers
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def check_prompt_length(n_tokens: int, max_context: int | None, name: str) -> None:
+    """A prompt must leave room for one new token in the model's context."""
+    if max_context is not None and n_tokens >= max_context:
+        raise SpecDecError(f"the prompt has {n_tokens} tokens but {name} reads at most {max_context}; "
+                           "shorten the prompt")
+
+
 class LanguageModel:
     """A causal language model and its tokenizer, as used by drafters and the decoding loop."""
 
@@ -97,9 +125,7 @@ class LanguageModel:
 
     @property
     def max_context(self) -> int | None:
-        cfg = self.hf_model.config
-        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        return getattr(text_cfg, "max_position_embeddings", None)
+        return context_length(self.hf_model.config)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -112,16 +138,7 @@ class LanguageModel:
 
     # -- text ------------------------------------------------------------------------------------
     def encode(self, text: str, chat: bool = False) -> list[int]:
-        if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise SpecDecError(f"{self.name} has no chat template; drop chat=True (--chat) for this model")
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-            if hasattr(ids, "keys"):  # BatchEncoding in recent transformers
-                ids = ids["input_ids"]
-            return list(ids)
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return encode_text(self.tokenizer, text, chat, self.name)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens skipped: ``tokenizer.decode(ids, skip_special_tokens=True)``."""

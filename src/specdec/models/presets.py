@@ -37,7 +37,7 @@ from specdec.errors import ModelPackageMissing, SpecDecError
 from specdec.models.catalog import PRESETS, VARIANTS, Preset, get_preset
 from specdec.models.gguf_convert import convert as _convert  # a name of this module: tests replace it
 
-__all__ = ["PRESETS", "Preset", "VARIANTS", "cache_root", "preset_gguf", "resolve_preset"]
+__all__ = ["PRESETS", "Preset", "VARIANTS", "cache_root", "converted_folder", "preset_gguf", "resolve_preset"]
 
 #: Name of the file written last into a converted folder; its presence means the folder is complete.
 MARKER_FILE = "specdec_preset.json"
@@ -119,6 +119,14 @@ def resolve_preset(
             shutil.rmtree(work, ignore_errors=True)
         _remove_stale(models_dir, preset.name)
     return final
+
+
+def converted_folder(name: str, *, cache_dir: pathlib.Path | None = None) -> pathlib.Path | None:
+    """The folder of preset ``name`` if a conversion already made it (config and tokenizer are there,
+    whichever variants it holds), else None. Converts nothing."""
+    preset = get_preset(name)
+    folder = pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "models" / preset.name
+    return folder if _is_complete(folder, preset) else None
 
 
 def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: bool = True) -> pathlib.Path:
