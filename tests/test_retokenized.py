@@ -259,7 +259,10 @@ def test_first_two_tokens_follow_the_target_with_another_tokenizer():
         counts[x1 * SMALL_V + x2] += 1
         drafted_two += len(out.stats.drafted_per_position) >= 2
         accepted += out.stats.accepted
-    assert drafted_two > 0.8 * N_RUNS  # the first round drafted 2 target tokens
+    # The first round drafted 2 target tokens in most runs. Not in all: a round proposes only the whole
+    # target tokens its draft text fixes, and the draft may stop first (its own end-of-sequence token,
+    # or the bound on its steps per round).
+    assert drafted_two > 0.8 * N_RUNS
     assert accepted > 0.1 * N_RUNS  # accepted drafts, and (most often) rejected ones
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
 

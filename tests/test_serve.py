@@ -289,51 +289,73 @@ def test_timeout(server, client):
 
 
 M = "{model}"  # replaced by the served model's name
-BAD = [
-    ("/v1/completions", b"{not json", 400, None),
-    ("/v1/completions", b"[1, 2]", 400, None),
-    ("/v1/completions", {"prompt": "w1"}, 400, "model"),
-    ("/v1/completions", {"model": "gpt-4o", "prompt": "w1"}, 400, "model"),
-    ("/v1/completions", {"model": M}, 400, "prompt"),
-    ("/v1/completions", {"model": M, "prompt": ""}, 400, "prompt"),
-    ("/v1/completions", {"model": M, "prompt": "   "}, 400, "prompt"),
-    ("/v1/completions", {"model": M, "prompt": ["w1", "w2"]}, 400, "prompt"),
-    ("/v1/completions", {"model": M, "prompt": [5, 100000]}, 400, "prompt"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "temperature": -0.5}, 400, "temperature"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "temperature": "hot"}, 400, "temperature"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "top_p": 0}, 400, "top_p"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "top_p": 1.5}, 400, "top_p"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "top_k": 0}, 400, "top_k"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "max_tokens": 0}, 400, "max_tokens"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "max_tokens": CONTEXT}, 400, "max_tokens"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "n": 2}, 400, "n"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "stop": [""]}, 400, "stop"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "seed": 1.5}, 400, "seed"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "gamma": 0}, 400, "gamma"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "draft": "gpt2"}, 400, "draft"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "stream": "yes"}, 400, "stream"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "logprobs": 3}, 400, "logprobs"),
-    ("/v1/completions", {"model": M, "prompt": "w1", "timeout": -1}, 400, "timeout"),
-    ("/v1/chat/completions", {"model": M}, 400, "messages"),
-    ("/v1/chat/completions", {"model": M, "messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": ""}]}, 400, "messages"),
-    ("/v1/chat/completions", {"model": M, "messages": [{"content": "w1"}]}, 400, "messages[0]"),
+BAD = [  # (path, body, status, the error's param, words of its message)
+    ("/v1/completions", b"{not json", 400, None, 'the request body is not valid JSON'),
+    ("/v1/completions", b"[1, 2]", 400, None, 'the request body must be a JSON object, got list'),
+    ("/v1/completions", {"prompt": "w1"}, 400, "model", "'model' is required; this server serves"),
+    ("/v1/completions", {"model": "gpt-4o", "prompt": "w1"}, 400, "model", "the model 'gpt-4o' is not served here"),
+    ("/v1/completions", {"model": M}, 400, "prompt", "'prompt' is required and must not be empty"),
+    ("/v1/completions", {"model": M, "prompt": ""}, 400, "prompt", "'prompt' is empty; give some text to continue"),
+    ("/v1/completions", {"model": M, "prompt": "   "},
+     400, "prompt", "'prompt' is empty; give some text to continue"),
+    ("/v1/completions", {"model": M, "prompt": ["w1", "w2"]},
+     400, "prompt", 'one prompt per request (specdec serves n = 1, no batches)'),
+    ("/v1/completions", {"model": M, "prompt": [5, 100000]}, 400, "prompt", 'prompt token ids must be in [0, '),
+    ("/v1/completions", {"model": M, "prompt": "w1", "temperature": -0.5},
+     400, "temperature", "'temperature' must be a number >= 0, got -0.5"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "temperature": "hot"},
+     400, "temperature", "'temperature' must be a number >= 0, got 'hot'"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "top_p": 0},
+     400, "top_p", "'top_p' must be a number in (0, 1], got 0"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "top_p": 1.5},
+     400, "top_p", "'top_p' must be a number in (0, 1], got 1.5"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "top_k": 0},
+     400, "top_k", "'top_k' must be an integer >= 1, got 0"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "max_tokens": 0},
+     400, "max_tokens", "'max_tokens' must be an integer >= 1, got 0"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "max_tokens": CONTEXT},
+     400, "max_tokens", "this model's context is 4096 tokens; you asked for"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "n": 2},
+     400, "n", "'n' must be 1 (specdec generates one completion per request), got 2"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "stop": [""]},
+     400, "stop", "'stop' must be a non-empty string or a list of them, got ['']"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "seed": 1.5}, 400, "seed", "'seed' must be an integer, got 1.5"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "gamma": 0},
+     400, "gamma", "'gamma' must be an integer >= 1, got 0"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "draft": "gpt2"},
+     400, "draft", "'draft' must be one of none, default"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "stream": "yes"},
+     400, "stream", "'stream' must be true or false, got 'yes'"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "logprobs": 3},
+     400, "logprobs", "'logprobs' is not supported by specdec serve"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "timeout": -1},
+     400, "timeout", "'timeout' must be a number of seconds > 0, got -1"),
+    ("/v1/chat/completions", {"model": M},
+     400, "messages", "'messages' is required: a non-empty list of {role, content}"),
+    ("/v1/chat/completions", {"model": M, "messages": []},
+     400, "messages", "'messages' is required: a non-empty list of {role, content}"),
+    ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": ""}]},
+     400, "messages", 'the messages are empty; give some text'),
+    ("/v1/chat/completions", {"model": M, "messages": [{"content": "w1"}]},
+     400, "messages[0]", "messages[0] must be an object with a string 'role'"),
     ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     400, "messages[0].content"),
+     400, "messages[0].content", 'messages[0].content must be a string or a list of text parts'),
     ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "w1"}], "max_tokens": -3},
-     400, "max_tokens"),
-    ("/v1/nowhere", {}, 404, None),
+     400, "max_tokens", "'max_tokens' must be an integer >= 1, got -3"),
+    ("/v1/nowhere", {}, 404, None, 'Not Found'),
 ]
 
 
-@pytest.mark.parametrize("path, body, status, param", BAD, ids=[f"{i}-{case[3]}" for i, case in enumerate(BAD)])
-def test_bad_requests_answer_an_error_object(server, path, body, status, param):
+@pytest.mark.parametrize("path, body, status, param, message", BAD,
+                         ids=[f"{i}-{case[3]}" for i, case in enumerate(BAD)])
+def test_bad_requests_answer_an_error_object(server, path, body, status, param, message):
     if isinstance(body, dict):
         body = {k: server.model if v == M else v for k, v in body.items()}
     answer = post(server, path, body)
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    assert message in error["message"], error["message"]
     assert error["type"] == "invalid_request_error" and "Traceback" not in answer.text
     assert health(server)["status"] == "ready"
 

@@ -212,7 +212,8 @@ def _check_quantize(quantize: str | None, device: torch.device | None) -> None:
 def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: str, device: torch.device,
                  engine: str | None, cuda_graphs: bool | None, compile: bool) -> LanguageModel:
     """A preset from its cached weights in the form they run in (see specdec.models.presets.VARIANTS):
-    bf16 memory-mapped from a bf16 file, fp32 (and fp16, rounded from it) from the exact float32 file,
+    bf16 from a bf16 file, fp32 (and fp16, rounded from it) from the exact float32 file, both copied into
+    process memory chunk by chunk (specdec.models.checkpoint: steps from a memory-mapped file were slower),
     int8 from the stored int8 layers (no float32 copy of them is made)."""
     from specdec.models.presets import VARIANTS, resolve_preset
 
@@ -229,10 +230,14 @@ def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: st
                         cuda_graphs, compile)
         mark_quantized(wrapped, quantize)  # (CPU only: load() refused quantize on another device)
     else:
+        from transformers import AutoTokenizer
+
+        from specdec.models.checkpoint import load_dense
+
         variant = "bf16" if dtype == torch.bfloat16 else "fp32"
         folder = resolve_preset(preset, variant=variant)
-        model, tokenizer = _from_pretrained(folder, None, dtype, variant=None if variant == "bf16" else variant,
-                                            preset=True)
+        model = load_dense(folder, folder / VARIANTS[variant], dtype)  # in process memory, not mapped
+        tokenizer = _preset_tokenizer(folder, AutoTokenizer.from_pretrained)
         wrapped = _wrap(model.to(device), tokenizer, name, None, engine, cuda_graphs, compile)
     wrapped.load_seconds = time.perf_counter() - started  # conversion included on first use
     return wrapped
@@ -281,21 +286,14 @@ def _preset_tokenizer(folder: Path, load_tokenizer: Any) -> Any:
     return tokenizer
 
 
-def _from_pretrained(
-    folder: Any, gguf_file: str | None, dtype: torch.dtype, variant: str | None = None, preset: bool = False
-) -> tuple[Any, Any]:
+def _from_pretrained(folder: Any, gguf_file: str | None, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        if preset:
-            tokenizer = _preset_tokenizer(folder, AutoTokenizer.from_pretrained)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         config = AutoConfig.from_pretrained(folder, **kwargs)
         auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-        if variant:
-            kwargs["variant"] = variant
         model = auto.from_pretrained(folder, dtype=dtype, **kwargs)
     except OSError as err:
         raise SpecDecError(

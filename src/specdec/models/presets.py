@@ -7,8 +7,9 @@ needed or attempted), joins them, checks their sha256 and converts the file
 files with the chat template, a ``generation_config.json`` with the right end-of-sequence ids, and
 the weights in the form they run in, each made the first time it is asked for (see :data:`VARIANTS`):
 
-- ``bf16``: ``model.safetensors``, bfloat16 (the default dtype). It loads, memory-mapped, with
-  ``AutoModelForCausalLM.from_pretrained(path)`` like any local checkpoint;
+- ``bf16``: ``model.safetensors``, bfloat16 (the default dtype). specdec reads it into process memory
+  (:func:`specdec.models.checkpoint.load_dense`); ``AutoModelForCausalLM.from_pretrained(path)`` loads
+  it too, like any local checkpoint;
 - ``fp32``: ``model.fp32.safetensors``, the dequantized float32 values exactly (``dtype="fp32"``; a
   bfloat16 copy cannot give them back: most 4-bit GGUF values need more than bfloat16's 8 bits);
 - ``int8`` / ``int8-tensor``: ``model.<method>.safetensors``, the dynamic int8 linear layers exactly as

@@ -195,9 +195,9 @@ def load_quantized(folder, path, method: str):
     """
     import json
 
-    from accelerate import init_empty_weights
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from specdec.models.checkpoint import empty_model, fill
 
     check_method(method)
     pool = _packing_pool()
@@ -234,34 +234,8 @@ def load_quantized(folder, path, method: str):
                 rest[base] = expand_blocks(f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
             else:
                 rest[key] = f.get_tensor(key)
-    config = AutoConfig.from_pretrained(folder)
-    try:
-        from transformers.initialization import no_init_weights
-    except ImportError:  # pragma: no cover - older transformers
-        from transformers.modeling_utils import no_init_weights
-    with init_empty_weights(include_buffers=False), no_init_weights():
-        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf = empty_model(folder, torch.float32)
     for name, module in linears.items():
         parent, _, attr = name.rpartition(".")
         setattr(hf.get_submodule(parent) if parent else hf, attr, module)
-    for key, tensor in rest.items():  # assign: the tensors read from the file become the weights
-        owner, _, attr = key.rpartition(".")
-        module = hf.get_submodule(owner) if owner else hf
-        if attr in module._parameters:
-            module._parameters[attr] = torch.nn.Parameter(tensor)
-        elif attr in module._buffers:
-            module._buffers[attr] = tensor
-        else:
-            raise SpecDecError(f"{path}: unexpected tensor {key}")
-    del rest
-    empty = [n for n, t in list(hf.named_parameters()) + list(hf.named_buffers()) if t.is_meta]
-    if empty and getattr(config, "tie_word_embeddings", False):
-        hf.tie_weights()
-        empty = [n for n, t in list(hf.named_parameters()) + list(hf.named_buffers()) if t.is_meta]
-    if empty:
-        raise SpecDecError(f"{path} lacks weights for: {', '.join(empty[:5])}")
-    try:
-        hf.generation_config = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        pass
-    return hf.eval()
+    return fill(hf, rest, folder, path)  # the tensors read from the file become the weights
