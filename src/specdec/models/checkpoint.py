@@ -6,7 +6,9 @@ weights alternated five times, 16 decoding steps each), a step took a median 222
 file against 206.1 ms from a copy in the process's memory (8% longer). Copying every tensor out of one
 mapping holds the mapped pages and the copies together (peak 6.9 GiB for the 1.5B); :func:`read_tensors`
 copies them in chunks of :data:`CHUNK_BYTES`, each chunk through its own mapping, closed before the next:
-the peak is the model plus one chunk (3.7 GiB), and the 3.3 GiB are read in about 1 s.
+the peak is the model plus one chunk (3.7 GiB with 256 MiB chunks, which read the 3.3 GiB in about 1 s).
+64 MiB chunks took a whole ``specdec generate`` run of the default pair from a peak of 5.71-5.83 GiB
+to 5.64-5.70 GiB (three runs each).
 
 :func:`load_dense` reads a dense variant (``model.safetensors``, ``model.fp32.safetensors``); the int8
 variant (:func:`specdec.models.quantize.load_quantized`) shares :func:`empty_model` and :func:`fill`.
@@ -24,7 +26,7 @@ from specdec.errors import SpecDecError
 __all__ = ["CHUNK_BYTES", "empty_model", "fill", "load_dense", "read_tensors"]
 
 #: Bytes copied through one mapping of the file before it is closed and the next one opened.
-CHUNK_BYTES = 256 * 2**20
+CHUNK_BYTES = 64 * 2**20
 
 
 def read_tensors(path: str | Path, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
