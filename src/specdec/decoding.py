@@ -25,7 +25,7 @@ from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import Draft, DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
-from specdec.models.causal import check_prompt_length
+from specdec.models.causal import check_prompt_fits
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -155,9 +155,7 @@ def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: Gene
         bad = [t for t in prompt_ids if not 0 <= t < target.vocab_size]
         if bad:
             raise SpecDecError(f"prompt token ids must be in [0, {target.vocab_size}), got {bad[:5]}")
-    if not prompt_ids:
-        raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
-    check_prompt_length(len(prompt_ids), target.max_context, target.name)
+    check_prompt_fits(len(prompt_ids), target.max_context, target.name)
     return prompt_ids
 
 

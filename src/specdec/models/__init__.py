@@ -173,7 +173,7 @@ def check_prompt(source: str | os.PathLike, prompt: str, *, chat: bool = False) 
     read again), or None where nothing can be read without converting or downloading (a preset not yet
     converted, a .gguf file, a hub id); :func:`specdec.generate` checks the prompt there as always.
     """
-    from specdec.models.causal import check_prompt_length, context_length, encode_text
+    from specdec.models.causal import check_prompt_fits, context_length, encode_text
 
     kind = source_kind(source)
     if kind == "preset":
@@ -191,10 +191,7 @@ def check_prompt(source: str | os.PathLike, prompt: str, *, chat: bool = False) 
         return None  # the seq2seq backend has its own context rules and refuses chat itself
     tokenizer = (_preset_tokenizer(folder, AutoTokenizer.from_pretrained) if kind == "preset"
                  else AutoTokenizer.from_pretrained(folder))
-    ids = encode_text(tokenizer, prompt, chat, str(source))
-    if not ids:
-        raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
-    check_prompt_length(len(ids), context_length(config), str(source))
+    check_prompt_fits(len(encode_text(tokenizer, prompt, chat, str(source))), context_length(config), str(source))
     return tokenizer
 
 

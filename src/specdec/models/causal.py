@@ -25,7 +25,6 @@ ENGINES = ("dynamic", "static")
 __all__ = ["LanguageModel", "KVSession", "ModelSession", "common_prefix_length", "ENGINES"]
 
 
-
 def context_length(config: Any) -> int | None:
     """The most positions a decoder-only model reads (its text config's ``max_position_embeddings``), or None."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -46,8 +45,10 @@ def encode_text(tokenizer: Any, text: str, chat: bool, name: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
-def check_prompt_length(n_tokens: int, max_context: int | None, name: str) -> None:
-    """A prompt must leave room for one new token in the model's context."""
+def check_prompt_fits(n_tokens: int, max_context: int | None, name: str) -> None:
+    """A prompt must have a token, and leave room for one new token in the model's context."""
+    if not n_tokens:
+        raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
     if max_context is not None and n_tokens >= max_context:
         raise SpecDecError(f"the prompt has {n_tokens} tokens but {name} reads at most {max_context}; "
                            "shorten the prompt")

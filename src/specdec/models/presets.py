@@ -78,7 +78,7 @@ def resolve_preset(
     if variant not in VARIANTS:
         raise SpecDecError(f"unknown preset variant {variant!r}; use one of: {', '.join(VARIANTS)}")
     weights = VARIANTS[variant]
-    models_dir = pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "models"
+    models_dir = _models_dir(cache_dir)
     final = models_dir / preset.name
     if _is_complete(final, preset) and (final / weights).is_file():
         return final
@@ -126,8 +126,13 @@ def converted_folder(name: str, *, cache_dir: pathlib.Path | None = None) -> pat
     """The folder of preset ``name`` if a conversion already made it (config and tokenizer are there,
     whichever variants it holds), else None. Converts nothing."""
     preset = get_preset(name)
-    folder = pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "models" / preset.name
+    folder = _models_dir(cache_dir) / preset.name
     return folder if _is_complete(folder, preset) else None
+
+
+def _models_dir(cache_dir: pathlib.Path | None) -> pathlib.Path:
+    """Where converted presets live: ``<cache>/models``, ``<cache>`` being ``cache_dir`` or :func:`cache_root`."""
+    return pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "models"
 
 
 def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: bool = True) -> pathlib.Path:
