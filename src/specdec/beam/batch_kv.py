@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from specdec.models import LanguageModel
+from specdec.models.kv_cache import cache_argument
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache
 
 
@@ -104,7 +105,7 @@ class BatchKV:
         mask = masks if len(masks) > 1 else masks["full_attention"]
         logits = self.model.hf_model(
             input_ids=new, position_ids=positions[None].expand(rows, -1), attention_mask=mask,
-            past_key_values=cache, use_cache=True, logits_to_keep=n_logits,
+            use_cache=True, logits_to_keep=n_logits, **cache_argument(self.model.hf_model, cache),
         ).logits
         self.tokens = torch.cat([self.tokens, new], dim=1)  # [B, length + k]
         self.fed = rows * k

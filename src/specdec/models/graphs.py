@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec.models.kv_cache import cache_argument
 from specdec.models.static_cache import StaticKVCache
 
 MAX_GRAPH_WIDTH = 64  # wider steps (a catch-up after plain steps, say) run eagerly
@@ -41,8 +42,8 @@ def static_step(hf_model: Any, cache: StaticKVCache, ids: torch.Tensor, start: t
     masks = cache.attention_masks(positions, cache.dtype)
     # Models with sliding-window layers take one mask per layer type; the others one 4-D mask.
     mask = masks if len(masks) > 1 else masks["full_attention"]
-    out = hf_model(input_ids=ids, position_ids=positions[None], attention_mask=mask, past_key_values=cache,
-                   use_cache=True, logits_to_keep=n_logits)
+    out = hf_model(input_ids=ids, position_ids=positions[None], attention_mask=mask,
+                   use_cache=True, logits_to_keep=n_logits, **cache_argument(hf_model, cache))
     return out.logits[0]  # [w or n_logits, V]
 
 

@@ -9,11 +9,19 @@ so a generation of n tokens re-allocates O(log n) times instead of once per forw
 Rollback is position bookkeeping (as in gpt-fast): ``crop`` only shortens the filled length; the
 rejected positions stay in the buffer and are overwritten by the next forward pass.
 
-Only full-attention layers are replaced. Sliding-window layers (Gemma 3) keep transformers' own
-layer, which can record its past so that a rollback across the window stays possible.
+Every layer is replaced, sliding-window layers (Gemma 3) too: they keep every position, and the
+window lives in the mask that transformers builds from the model's config (as for a cache without
+per-layer types), so a rollback across the window needs nothing special. The cost: past the window
+(512 positions for Gemma 3 270M) those layers attend over every position. transformers' own sliding
+layer needs "past recording" for such a rollback, and in 5.17 (the GPU machines' version; fixed by
+5.24) that mode handed attention more positions than its mask covered: a shape error on the first
+step past the window.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -83,11 +91,22 @@ class PreallocatedLayer(DynamicLayer):
 
 
 def preallocated_cache(config) -> DynamicCache:
-    """A ``DynamicCache`` for ``config`` whose full-attention layers are :class:`PreallocatedLayer`.
-
-    Sliding-window layers keep past recording on, so rollback can reach back across the window.
-    """
+    """A ``DynamicCache`` for ``config`` whose layers are all :class:`PreallocatedLayer`."""
     cache = DynamicCache(config=config)
-    cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    cache.activate_past_recording()
+    cache.layers = [PreallocatedLayer() for _ in cache.layers]
     return cache
+
+
+_CACHE_KEYWORDS: dict[type, str] = {}  # model class -> the name its forward takes the cache by
+
+
+def cache_argument(hf_model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``hf_model``'s forward: ``cache`` where it takes that, else ``past_key_values``.
+
+    transformers renamed the argument (in 5.24 the old name warns that it goes in 5.40); 5.17 (the
+    GPU machines') and models with their own code know only ``past_key_values``.
+    """
+    kind = type(hf_model)
+    if kind not in _CACHE_KEYWORDS:
+        _CACHE_KEYWORDS[kind] = "cache" if "cache" in inspect.signature(kind.forward).parameters else "past_key_values"
+    return {_CACHE_KEYWORDS[kind]: cache}

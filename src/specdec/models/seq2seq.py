@@ -15,7 +15,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 
 from specdec.errors import SpecDecError
 from specdec.models.causal import KVSession, LanguageModel
-from specdec.models.kv_cache import preallocated_cache
+from specdec.models.kv_cache import cache_argument, preallocated_cache
 
 
 class Seq2SeqSession(KVSession):
@@ -33,7 +33,8 @@ class Seq2SeqSession(KVSession):
 
     def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
         return self.model.hf_model(
-            encoder_outputs=self.encoder_outputs, decoder_input_ids=new, past_key_values=self.cache, use_cache=True
+            encoder_outputs=self.encoder_outputs, decoder_input_ids=new, use_cache=True,
+            **cache_argument(self.model.hf_model, self.cache),
         ).logits
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from specdec.models.graphs import graph_for, static_step
-from specdec.models.kv_cache import preallocated_cache
+from specdec.models.kv_cache import cache_argument, preallocated_cache
 from specdec.models.static_cache import StaticKVCache
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class DynamicSession(ModelSession):
     def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
         """One forward pass over new [1, k] with the cache; logits [1, >= n_logits, V]."""
         return self.model.hf_model(
-            input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=n_logits
+            input_ids=new, use_cache=True, logits_to_keep=n_logits, **cache_argument(self.model.hf_model, self.cache)
         ).logits
 
     def _extend(self, ids: torch.Tensor, n_logits: int) -> torch.Tensor:

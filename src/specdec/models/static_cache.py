@@ -14,7 +14,7 @@ key positions j <= i (and, for a sliding-window layer, j > i - window). So:
 - sliding-window layers (Gemma 3) keep every position too (the window lives in the mask), so a
   rollback across the window needs nothing special.
 
-The cache is handed to a Hugging Face model as ``past_key_values``; the model calls
+The cache is handed to a Hugging Face model as its cache argument; the model calls
 :meth:`StaticKVCache.update` once per layer, and the masks are passed ready-made as
 ``attention_mask`` so that no mask code of the model has to know this cache.
 """
