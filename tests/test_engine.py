@@ -7,6 +7,7 @@ import torch
 import specdec
 from specdec.acceptance import greedy_verification, speculative_sampling, verify
 from specdec.devices import resolve_device
+from specdec.models.graphs import compiled_step, static_step
 from specdec.models.session import DynamicSession, StaticSession
 from specdec.sampling import SamplingParams, standardize
 from tiny import load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
@@ -97,6 +98,52 @@ def test_adaptive_and_heuristic_schedules_on_the_static_engine(target):
     for schedule in ("heuristic", "adaptive"):
         out = specdec.generate(model, PROMPT, draft=draft, gamma=3, gamma_schedule=schedule, max_new_tokens=N_NEW)
         assert out.token_ids == plain.token_ids, schedule
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3"])  # Llama is Qwen2 without attention biases
+def test_the_fixed_width_step_compiles_as_one_graph_for_every_position(kind):
+    """What ``compile=True`` on a GPU needs, checked where CI runs (inductor's CPU backend): the step
+    traces as one graph (fullgraph: no graph break, no Python branch on a tensor's value), computes the
+    eager step's logits, and serves every position without recompiling (the position is an input)."""
+    target = tiny_gemma3(sliding_window=4, eos=None) if kind == "gemma3" else load_tiny(kind, eos=None)
+    model = static(target)
+    torch._dynamo.reset()  # the other architecture's entry would count as a recompilation here
+    step = torch.compile(static_step, dynamic=False, fullgraph=True)
+    sessions = [model.start(PROMPT, 64)[0] for _ in range(2)]  # one compiled, one eager: the same writes
+    for session in sessions:
+        session.prefill(PROMPT)
+    ids = torch.tensor([[20, 21, 22, 23]])  # [1, 4]
+    with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+        for start in (len(PROMPT), len(PROMPT) + 2, len(PROMPT) + 9):  # overlapping: a rollback, then past it
+            position = torch.tensor([start])
+            compiled = step(model.hf_model, sessions[0].cache, ids, position)
+            eager = static_step(model.hf_model, sessions[1].cache, ids, position)
+            torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    for session in sessions:
+        session.close()
+
+
+def test_compiled_steps_of_many_widths_and_two_architectures_all_stay_compiled():
+    """Every width of every model is its own entry in one dynamo cache; past torch's default limit (8)
+    dynamo would quietly run the step eagerly. Traced with the eager backend: the same entries, fast."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    step = compiled_step(backend="eager")
+    models = [static(load_tiny("qwen2", eos=None)), static(tiny_gemma3(sliding_window=4, eos=None))]
+    widths = range(1, 7)
+    with torch.inference_mode():
+        for model in models:
+            session = model.start(PROMPT, 64)[0]
+            session.prefill(PROMPT)
+            for width in widths:
+                ids = torch.arange(20, 20 + width)[None]  # [1, w]
+                start = torch.tensor([len(PROMPT)])
+                torch.testing.assert_close(step(model.hf_model, session.cache, ids, start),
+                                           static_step(model.hf_model, session.cache, ids, start))
+            session.close()
+    assert counters["stats"]["unique_graphs"] == len(models) * len(widths)  # 12 entries, none fell back
 
 
 def test_hierarchy_on_the_static_engine(target):

@@ -94,9 +94,20 @@ class CapturedStep:
         self.graph = graph
 
 
-def compiled_step() -> Callable[..., torch.Tensor]:
-    """``static_step`` compiled by inductor for fixed shapes (one compilation per width and model)."""
-    return torch.compile(static_step, dynamic=False)
+# Compiled steps of all widths and models share one dynamo cache (that of static_step's code): one
+# entry per (architecture, width), reused across caches and across models of one architecture (their
+# weights are inputs). Past torch's default of 8 entries dynamo would silently run the step eagerly.
+RECOMPILE_LIMIT = 64
+
+
+def compiled_step(backend: str = "inductor") -> Callable[..., torch.Tensor]:
+    """``static_step`` compiled for fixed shapes (one compilation per width and architecture).
+
+    Raises dynamo's recompile limit to at least RECOMPILE_LIMIT (a target, a draft, a few widths each).
+    ``backend="eager"`` traces without generating code (tests use it: the same graphs, quickly).
+    """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(static_step, dynamic=False, backend=backend)
 
 
 def graph_for(cache: StaticKVCache, width: int,
