@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.bench.metrics import bleu, chrf, rouge, score
+from specdec.bench.metrics import bleu, check_metric_libraries, chrf, rouge, score
 from specdec.errors import SpecDecError
 
 REF = ["the cat sat on the mat today", "a quick brown fox jumps over it"]
@@ -65,3 +65,14 @@ def test_humaneval_results_run_the_problems_tests():
     assert humaneval_results({"HumanEval/4": "    while True:\n        pass\n"}, timeout=0.5) == {"HumanEval/4": "timed out"}
     with pytest.raises(SpecDecError, match="not HumanEval task ids: HumanEval/999"):
         humaneval_results({"HumanEval/999": "pass"})
+
+
+def test_a_missing_metric_library_is_named_before_anything_loads(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sacrebleu" else real_find_spec(name, *a))
+    check_metric_libraries(("rouge1", "rougeL"))  # rouge-score is there
+    with pytest.raises(SpecDecError, match=r"the task's metrics \(bleu, chrf\) need sacrebleu>=2.4, not installed: "
+                                           r"pip install 'specdec\[bench\]' \(or pip install 'sacrebleu>=2.4'\)"):
+        check_metric_libraries(("bleu", "chrf", "rouge1"))

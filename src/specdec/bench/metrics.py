@@ -55,6 +55,25 @@ def rouge(hyps: Sequence[str], refs: Sequence[str], kinds: Sequence[str] = ("rou
     return {k: PERCENT * v / len(hyps) for k, v in totals.items()}
 
 
+# The library each metric needs: (module, pip requirement); all are in specdec's "bench" extra.
+METRIC_LIBRARIES = {"bleu": ("sacrebleu", "sacrebleu>=2.4"), "chrf": ("sacrebleu", "sacrebleu>=2.4"),
+                    "rouge1": ("rouge_score", "rouge-score>=0.1.2"), "rouge2": ("rouge_score", "rouge-score>=0.1.2"),
+                    "rougeL": ("rouge_score", "rouge-score>=0.1.2")}
+
+
+def check_metric_libraries(metrics: Sequence[str]) -> None:
+    """Fail before any model loads when a metric's library is missing (the message has the install command)."""
+    import importlib.util
+
+    missing = {METRIC_LIBRARIES[m] for m in metrics if m in METRIC_LIBRARIES
+               and importlib.util.find_spec(METRIC_LIBRARIES[m][0]) is None}
+    if missing:
+        needed = ", ".join(sorted(m for m in metrics if METRIC_LIBRARIES.get(m) in missing))
+        raise SpecDecError(f"the task's metrics ({needed}) need {', '.join(sorted(r for _, r in missing))}, not "
+                           f"installed: pip install 'specdec[bench]' (or pip install "
+                           f"{' '.join(sorted(repr(r) for _, r in missing))})")
+
+
 def score(metrics: Sequence[str], hyps: Sequence[str], refs: Sequence[str | None]) -> dict[str, float]:
     """Every metric in ``metrics`` over the pairs (outputs without a reference are an error)."""
     unknown = [m for m in metrics if m not in METRICS]

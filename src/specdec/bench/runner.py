@@ -25,7 +25,7 @@ from specdec.bench.formatting import short
 from specdec.bench.grid import Cell, Grid, build_cells, grid_from_args, select_methods, skipped_assisted
 from specdec.bench.machine import dtype_name, load_average, machine_info
 from specdec.bench.methods import Settings, Trial, hf_runner, llama_cpp_runner, load_llama_cpp, specdec_runner, target_gguf
-from specdec.bench.metrics import score
+from specdec.bench.metrics import check_metric_libraries, score
 from specdec.bench.tasks import Task, encode_item, has_chat_template, load_task, ngram_corpus
 from specdec.bench.timing import measure_costs, primary_step_costs
 from specdec.devices import describe, resolve_device
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     task = task_from_args(args)
+    check_metric_libraries(task.metrics)
     check_models(pool, None if target is not None else (args.target, args.quantize),
                  grid.drafts + [a for a in (grid.assisted or []) if a not in grid.drafts] if draft is None else [])
     target = target if target is not None else pool.get(args.target, args.quantize)
