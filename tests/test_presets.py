@@ -341,3 +341,40 @@ def test_preset_gguf_corrupt_leaves_nothing(monkeypatch, tmp_path):
     with pytest.raises(SpecDecError, match="corrupt"):
         presets.preset_gguf("fake", cache_dir=tmp_path / "cache", progress=False)
     assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == [".fake.lock"]
+
+
+def test_a_joined_gguf_in_the_cache_stands_in_for_the_packages(monkeypatch, tmp_path):
+    """On a machine without the model packages (a GPU machine reached through a file copy), the GGUF
+    file put in <cache>/gguf/ is converted; its sha256 is still checked."""
+    content = b"0123456789abcdef"
+    preset, _ = _fake_preset(tmp_path, content, hashlib.sha256(content).hexdigest())
+    monkeypatch.setitem(presets.PRESETS, "fake", preset)
+    monkeypatch.setattr(presets, "_locate_parts", _must_not_be_called)  # no packages here
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "gguf" / preset.gguf_name).write_bytes(content)
+    seen = {}
+
+    def fake_convert(p, gguf_path, out, progress, *, variant="bf16", base=True):
+        seen["bytes"] = gguf_path.read_bytes()
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(presets, "_convert", fake_convert)
+    assert resolve_preset("fake", cache_dir=cache, progress=False) == cache / "models" / "fake"
+    assert seen["bytes"] == content
+    assert (cache / "gguf" / preset.gguf_name).read_bytes() == content  # the given file stays
+
+
+def test_a_corrupt_joined_gguf_in_the_cache_is_refused(monkeypatch, tmp_path):
+    content = b"0123456789abcdef"
+    preset, _ = _fake_preset(tmp_path, content, hashlib.sha256(content).hexdigest())
+    monkeypatch.setitem(presets.PRESETS, "fake", preset)
+    monkeypatch.setattr(presets, "_locate_parts", _must_not_be_called)
+    monkeypatch.setattr(presets, "_convert", _must_not_be_called)
+    (tmp_path / "cache" / "gguf").mkdir(parents=True)
+    (tmp_path / "cache" / "gguf" / preset.gguf_name).write_bytes(b"0123456789abcdeX")  # right size, wrong bytes
+    with pytest.raises(SpecDecError, match=r"Q4_1\.gguf is not the GGUF file of model preset 'fake' \(its sha256 "
+                       r"differs from [0-9a-f]{64}\): copy it again, or delete it"):
+        resolve_preset("fake", cache_dir=tmp_path / "cache", progress=False)

@@ -89,7 +89,8 @@ def resolve_preset(
         if base_ok and (final / weights).is_file():  # another process finished it while we waited
             return final
         _remove_stale(models_dir, preset.name)
-        parts = _locate_parts(preset)
+        joined = _joined_gguf(preset, cache_dir)
+        parts = joined or _locate_parts(preset)
         _check_sizes(preset, parts)
         _check_disk_space(preset, models_dir, variant)
         if final.exists() and not base_ok:  # incomplete or from an older format: set aside, then rebuild
@@ -105,7 +106,14 @@ def resolve_preset(
                     file=sys.stderr,
                 )
             gguf_path = work / preset.gguf_name
-            _join_and_verify(preset, parts, gguf_path, progress)
+            try:
+                _join_and_verify(preset, parts, gguf_path, progress)
+            except SpecDecError as err:
+                if not joined:
+                    raise
+                raise SpecDecError(f"{joined[0]} is not the GGUF file of model preset {preset.name!r} (its sha256 "
+                                   f"differs from {preset.sha256}): copy it again, or delete it to convert from "
+                                   "the installed packages") from err
             staging = work / "model"
             _convert(preset, gguf_path, staging, progress, variant=variant, base=not base_ok)
             gguf_path.unlink()
@@ -142,7 +150,7 @@ def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: b
     Raises the same errors as :func:`resolve_preset`.
     """
     preset = get_preset(name)
-    folder = pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "gguf"
+    folder = _gguf_dir(cache_dir)
     final = folder / preset.gguf_name
     if final.is_file() and final.stat().st_size == preset.size:
         return final
@@ -159,6 +167,21 @@ def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: b
         finally:
             partial.unlink(missing_ok=True)
     return final
+
+
+def _gguf_dir(cache_dir: pathlib.Path | None) -> pathlib.Path:
+    """Where joined GGUF files live: ``<cache>/gguf``."""
+    return pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "gguf"
+
+
+def _joined_gguf(preset: Preset, cache_dir: pathlib.Path | None) -> list[pathlib.Path] | None:
+    """The preset's joined GGUF file in ``<cache>/gguf/`` as its one part, when one of the right size is there
+    (made by :func:`preset_gguf`, or copied in on a machine without the packages); else None.
+
+    Its sha256 is checked while it is copied, as the packages' parts are.
+    """
+    path = _gguf_dir(cache_dir) / preset.gguf_name
+    return [path] if path.is_file() and path.stat().st_size == preset.size else None
 
 
 def _is_complete(folder: pathlib.Path, preset: Preset) -> bool:
