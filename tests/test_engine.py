@@ -1,12 +1,15 @@
 """The engine: sessions (prefill / extend / rollback), the static position-indexed cache, verify on the
 device, and devices. CPU tests here; tests marked ``cuda`` run where a GPU is (tests/test_cuda.py)."""
 
+import contextlib
+
 import pytest
 import torch
 
 import specdec
 from specdec.acceptance import greedy_verification, speculative_sampling, verify
 from specdec.devices import resolve_device
+from specdec.models import graphs
 from specdec.models.graphs import compiled_step, static_step
 from specdec.models.session import DynamicSession, StaticSession
 from specdec.sampling import SamplingParams, standardize
@@ -61,6 +64,87 @@ def test_a_static_cache_is_reused_and_never_shared(target):
     assert c.cache is cache  # given back, taken again: its captured graphs stay valid
     b.close()
     c.close()
+
+
+class ReplayByRunningAgain:
+    """A CUDA graph's contract, on CPU: ``replay()`` recomputes the captured step from the same input
+    buffers and writes the same output tensor, which the caller must copy before the next replay."""
+
+    def __init__(self, run):
+        self.run = run
+        self.output = run()
+
+    def replay(self):
+        self.output.copy_(self.run())
+
+    @classmethod
+    def capture(cls, run):
+        graph = cls(run)
+        return graph, graph.output
+
+
+@pytest.fixture
+def emulated_graphs(monkeypatch):
+    """CapturedStep's two CUDA calls replaced by ReplayByRunningAgain; every captured call recorded as
+    (tokens asked, width of the graph that ran them)."""
+    monkeypatch.setattr(graphs, "side_stream", contextlib.nullcontext)
+    monkeypatch.setattr(graphs, "capture", ReplayByRunningAgain.capture)
+    calls = []
+    real_call = graphs.CapturedStep.__call__
+
+    def recorded(self, tokens, start):
+        calls.append((tokens.shape[0], self.width))
+        return real_call(self, tokens, start)
+
+    monkeypatch.setattr(graphs.CapturedStep, "__call__", recorded)
+    return calls
+
+
+def graphed(model):
+    """The static engine with captured steps (on CPU only under emulated_graphs)."""
+    out = static(model)
+    out.cuda_graphs = True  # configure() refuses this without CUDA
+    return out
+
+
+def test_captured_steps_pad_narrow_requests_and_replay_the_eager_logits(target, emulated_graphs):
+    model, eager = graphed(target), static(target)
+    sessions = [m.start(PROMPT, 64)[0] for m in (model, eager)]
+    for session in sessions:
+        session.prefill(PROMPT[:-1])
+    steps = [([11, 20, 21, 22, 23], 5, None), ([24], 1, len(PROMPT) + 1), ([30, 31], 2, None),
+             ([40, 41, 42], 3, len(PROMPT)), ([50, 51, 52, 53], 2, len(PROMPT) + 2), ([60], 1, None)]
+    outs = []
+    for tokens, n, rollback_to in steps:
+        outs.append([s.extend(tokens, n) for s in sessions])
+        if rollback_to is not None:
+            for s in sessions:
+                s.rollback(rollback_to)
+    for graph_out, eager_out in outs:  # compared at the end: a returned output must not be the graph's buffer
+        torch.testing.assert_close(graph_out, eager_out, rtol=1e-5, atol=1e-5)
+    # widths 5 and 1 were captured first; 2, 3 and 4 tokens then ran in the 5-wide graph, padded
+    assert emulated_graphs == [(5, 5), (1, 1), (2, 5), (3, 5), (4, 5), (1, 1)]
+    assert sorted(sessions[0].cache.graphs) == [1, 5]
+    for s in sessions:
+        s.close()
+
+
+def test_generations_through_captured_steps_give_the_eager_tokens(target, emulated_graphs):
+    draft = perturbed(target, 0.05)
+    model, draft_model = graphed(target), graphed(draft)
+    reference = specdec.generate(static(target), PROMPT, max_new_tokens=N_NEW)
+    for _ in range(2):  # the second generation replays the graphs the first one captured
+        assert specdec.generate(model, PROMPT, max_new_tokens=N_NEW).token_ids == reference.token_ids
+        for options in ({"gamma": 4}, {"gamma": 6, "gamma_schedule": "adaptive"}):
+            out = specdec.generate(model, PROMPT, draft=draft_model, max_new_tokens=N_NEW, **options)
+            assert out.token_ids == reference.token_ids, options
+    sampled = [specdec.generate(m, PROMPT, draft=d, gamma=3, max_new_tokens=N_NEW, temperature=1.0, seed=11).token_ids
+               for m, d in ((model, draft_model), (static(target), static(draft)))]
+    assert sampled[0] == sampled[1]  # the same random draws on the same logits
+    widths = {width for _, width in emulated_graphs}
+    assert {1, 5}.issubset(widths) and any(k < width for k, width in emulated_graphs)
+    caches = [cache for m in (model, draft_model) for cache, _ in m._caches]
+    assert len(caches) == 2  # one cache per model, taken again by every generation with its graphs
 
 
 def test_static_engine_greedy_equals_dynamic_engine_and_transformers(target):
