@@ -47,6 +47,28 @@ def test_bigram_counts_and_greedy_proposal():
     assert draft.q.shape == (3, 16) and draft.q[0].tolist()[8] == 1.0  # greedy q is one-hot
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_table_drafts_never_read_the_device(temperature):
+    """n-gram tables and prompt lookup compute on the host and hand the device one proposal: on the
+    meta device (tensors without values, where any read fails) their proposals still come out whole."""
+    meta = DraftContext([7, 8, 7, 8, 7, 9], SamplingParams(temperature=temperature), torch.Generator().manual_seed(0),
+                        16, device=torch.device("meta"))
+    for drafter in (NGramDrafter(order=2), NGramDrafter(order=1), PromptLookupDrafter()):
+        drafter.start(meta)
+        draft = drafter.propose([7, 8, 7, 8, 7, 9, 7, 8], 3)
+        assert draft.tokens.device.type == "meta" and draft.tokens.shape == (3,), drafter.name
+        assert draft.q is None if isinstance(drafter, PromptLookupDrafter) else draft.q.shape == (3, 16)
+
+
+def test_a_gpu_generation_gives_host_drafters_a_cpu_generator_seeded_from_its_own():
+    cpu = torch.Generator().manual_seed(5)
+    assert DraftContext([1], SamplingParams(), cpu, 8).host_generator is cpu  # on CPU: the generation's own
+    if torch.cuda.is_available():
+        cuda = torch.Generator(device="cuda").manual_seed(5)
+        host = DraftContext([1], SamplingParams(), cuda, 8, device=torch.device("cuda")).host_generator
+        assert host.device.type == "cpu" and host.initial_seed() == 5
+
+
 def test_bigram_q_is_the_normalised_counts_at_temperature_one():
     d = NGramDrafter(order=2, corpus_ids=[7, 8, 7, 8, 7, 9])
     d.start(_ctx([7], temperature=1.0))

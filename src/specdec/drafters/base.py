@@ -12,6 +12,7 @@ speculative beam search uses; they are optional, so they are not part of the :cl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -68,6 +69,15 @@ class DraftContext:
     stop_below: float | None = None
     device: torch.device = torch.device("cpu")
     max_positions: int | None = None
+
+    @cached_property
+    def host_generator(self) -> torch.Generator:
+        """The random source of drafters that compute on the host (n-gram tables): ``generator`` itself
+        when it is a CPU generator; on a GPU a CPU generator seeded from it, so that sampling a host
+        distribution needs no trip to the device and back."""
+        if self.generator.device.type == "cpu":
+            return self.generator
+        return torch.Generator().manual_seed(self.generator.initial_seed())
 
 
 @runtime_checkable

@@ -62,6 +62,7 @@ class NGramDrafter(DrafterBase):
         self._last_len = len(context.prompt_ids)
 
     def _logits(self, previous: int) -> torch.Tensor:
+        """log(count) [V] of the tokens after ``previous`` (the bigram, else the unigram), on the host."""
         counts = self.bigram.get(previous) if self.order == 2 else None
         if not counts:
             counts = self.unigram
@@ -71,7 +72,7 @@ class NGramDrafter(DrafterBase):
             logits[ids] = torch.tensor(list(counts.values()), dtype=torch.float32).log()
         else:  # nothing observed yet: uniform
             logits.zero_()
-        return logits.to(self.context.device, non_blocking=True)
+        return logits
 
     def observe(self, sequence: Sequence[int]) -> None:
         """Learn from the tokens ``sequence`` added since the last call (or proposal); without a corpus only."""
@@ -113,14 +114,15 @@ class NGramDrafter(DrafterBase):
         ctx = self.context
         tokens, qs = [], []
         previous = sequence[-1]
+        # The table lives on the host, and so does this loop: on a GPU the proposal goes over in one copy.
         for _ in range(k):
-            q = standardize(self._logits(previous), ctx.sampling)  # [V]
+            q = standardize(self._logits(previous), ctx.sampling)  # [V], host
             if ctx.stop_below is not None and q.max() < ctx.stop_below:
                 break
-            x = int(q.argmax()) if ctx.sampling.greedy else int(sample(q, ctx.generator))
+            x = int(q.argmax()) if ctx.sampling.greedy else int(sample(q, ctx.host_generator))
             tokens.append(x)
             qs.append(q)
             previous = x
         if not tokens:
             return Draft.empty(ctx.device)
-        return Draft.from_ids(tokens, ctx.device, torch.stack(qs))
+        return Draft.from_ids(tokens, ctx.device, torch.stack(qs).to(ctx.device, non_blocking=True))
