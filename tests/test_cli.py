@@ -35,6 +35,24 @@ def test_generate_json_equals_the_api(capsys, model_dir):
     assert doc["stats"]["new_tokens"] == 12 and doc["config"]["gamma"] == 4
 
 
+def test_a_folder_target_reads_its_tokenizer_once(capsys, model_dir, monkeypatch):
+    """The prompt check reads the target's tokenizer before any weight loads; the load then uses it."""
+    from transformers import AutoTokenizer
+
+    reads = []
+    real = AutoTokenizer.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        reads.append(str(args[0]))
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counted))
+    code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", "prompt-lookup",
+                       "--max-new-tokens", "4", "--json")
+    assert code == 0 and len(json.loads(out)["token_ids"]) == 4
+    assert reads == [model_dir]
+
+
 def test_generate_streams_text_and_prints_statistics(capsys, model_dir):
     code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir,
                        "--draft-quantize", "none", "--max-new-tokens", "10", "--color", "never")

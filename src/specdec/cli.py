@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA
 
@@ -187,8 +187,9 @@ def _check_models(args: argparse.Namespace) -> None:
     check_draft(draft_spec(args), dtype=args.dtype, device=args.device)
 
 
-def load_models(args: argparse.Namespace):
-    """(target, draft) as --target, --draft, --dtype, --quantize, --draft-quantize and --device say.
+def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
+    """(target, draft) as --target, --draft, --dtype, --quantize, --draft-quantize and --device say;
+    ``target_tokenizer``: the target's tokenizer when it was already read (by check_prompt).
 
     The draft loads first, on the device and in the dtype the target will have: an int8 draft packs its
     weights on background threads (specdec.models.quantize), which then overlaps the target's load. Both
@@ -203,7 +204,7 @@ def load_models(args: argparse.Namespace):
     draft = load_draft(draft_spec(args), dtype=args.dtype if args.dtype is not None else load_dtype(None, quantize),
                        device=resolve_device(args.device), compile=bool(args.compile))
     target = specdec.load(args.target, dtype=args.dtype, quantize=quantize, device=args.device,
-                          compile=bool(args.compile))
+                          compile=bool(args.compile), tokenizer=target_tokenizer)
     for level in draft if isinstance(draft, list) else [draft]:
         if hasattr(level, "hf_model"):
             wait_packed(level.hf_model)
@@ -233,9 +234,9 @@ def _generate(args: argparse.Namespace) -> int:
     _check_models(args)  # everything is checked before the first model loads
     from specdec.models import check_prompt
 
-    tokenizer = check_prompt(args.target, prompt, chat=args.chat)  # noqa: F841 (held: the target shares it)
+    tokenizer = check_prompt(args.target, prompt, chat=args.chat)  # the target loads with it (not read twice)
     started = time.perf_counter()
-    target, draft = load_models(args)
+    target, draft = load_models(args, tokenizer)
     if args.verbose:
         _print_load(target, draft, time.perf_counter() - started)
     if args.json:

@@ -75,6 +75,9 @@ def load(
       - a path to a ``.gguf`` file;
       - a ``transformers`` model object, with ``tokenizer=`` its tokenizer;
       - a :class:`LanguageModel` (returned as it is).
+    tokenizer: the model's tokenizer; needed with a model object, optional with a folder, a .gguf file or a
+      hub id (then it is used instead of reading the tokenizer again, as the CLI does after
+      :func:`check_prompt` read it).
     dtype: ``"bf16"`` (default: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
     quantize: None, or ``"int8"`` (dynamic int8 linear layers, CPU only; meant for drafts: see the README).
     device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. None: auto
@@ -113,7 +116,7 @@ def load(
     else:
         folder = Path(text).expanduser() if kind == "folder" else text  # a hub id: only works online
     started = time.perf_counter()
-    model, tok = _from_pretrained(folder, gguf_file, torch_dtype)
+    model, tok = _from_pretrained(folder, gguf_file, torch_dtype, tokenizer)
     wrapped = _wrap(model.to(target_device or resolve_device("auto")), tok, name or text, quantize, engine,
                     cuda_graphs, compile)
     wrapped.load_seconds = time.perf_counter() - started
@@ -283,12 +286,14 @@ def _preset_tokenizer(folder: Path, load_tokenizer: Any) -> Any:
     return tokenizer
 
 
-def _from_pretrained(folder: Any, gguf_file: str | None, dtype: torch.dtype) -> tuple[Any, Any]:
+def _from_pretrained(folder: Any, gguf_file: str | None, dtype: torch.dtype, tokenizer: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from a folder, a GGUF file in it, or a hub id; ``tokenizer`` given: not read again."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         config = AutoConfig.from_pretrained(folder, **kwargs)
         auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
         model = auto.from_pretrained(folder, dtype=dtype, **kwargs)
