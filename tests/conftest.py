@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -26,3 +27,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# -- CUDA graphs, emulated on CPU -----------------------------------------------------------------------------
+
+
+class ReplayByRunningAgain:
+    """A CUDA graph's contract, on CPU: ``replay()`` recomputes the captured step from the same input
+    buffers and writes the same output tensor, which the caller must copy before the next replay."""
+
+    def __init__(self, run):
+        self.run = run
+        self.output = run()
+
+    def replay(self):
+        self.output.copy_(self.run())
+
+    @classmethod
+    def capture(cls, run):
+        graph = cls(run)
+        return graph, graph.output
+
+
+@pytest.fixture
+def emulated_graphs(monkeypatch):
+    """CapturedStep's two CUDA calls replaced by ReplayByRunningAgain; every captured call recorded as
+    (tokens asked, width of the graph that ran them)."""
+    from specdec.models import graphs
+
+    monkeypatch.setattr(graphs, "side_stream", contextlib.nullcontext)
+    monkeypatch.setattr(graphs, "capture", ReplayByRunningAgain.capture)
+    calls = []
+    real_call = graphs.CapturedStep.__call__
+
+    def recorded(self, tokens, start):
+        calls.append((tokens.shape[0], self.width))
+        return real_call(self, tokens, start)
+
+    monkeypatch.setattr(graphs.CapturedStep, "__call__", recorded)
+    return calls

@@ -1,15 +1,12 @@
 """The engine: sessions (prefill / extend / rollback), the static position-indexed cache, verify on the
 device, and devices. CPU tests here; tests marked ``cuda`` run where a GPU is (tests/test_cuda.py)."""
 
-import contextlib
-
 import pytest
 import torch
 
 import specdec
 from specdec.acceptance import greedy_verification, speculative_sampling, verify
 from specdec.devices import resolve_device
-from specdec.models import graphs
 from specdec.models.graphs import compiled_step, static_step
 from specdec.models.session import DynamicSession, StaticSession
 from specdec.sampling import SamplingParams, standardize
@@ -64,40 +61,6 @@ def test_a_static_cache_is_reused_and_never_shared(target):
     assert c.cache is cache  # given back, taken again: its captured graphs stay valid
     b.close()
     c.close()
-
-
-class ReplayByRunningAgain:
-    """A CUDA graph's contract, on CPU: ``replay()`` recomputes the captured step from the same input
-    buffers and writes the same output tensor, which the caller must copy before the next replay."""
-
-    def __init__(self, run):
-        self.run = run
-        self.output = run()
-
-    def replay(self):
-        self.output.copy_(self.run())
-
-    @classmethod
-    def capture(cls, run):
-        graph = cls(run)
-        return graph, graph.output
-
-
-@pytest.fixture
-def emulated_graphs(monkeypatch):
-    """CapturedStep's two CUDA calls replaced by ReplayByRunningAgain; every captured call recorded as
-    (tokens asked, width of the graph that ran them)."""
-    monkeypatch.setattr(graphs, "side_stream", contextlib.nullcontext)
-    monkeypatch.setattr(graphs, "capture", ReplayByRunningAgain.capture)
-    calls = []
-    real_call = graphs.CapturedStep.__call__
-
-    def recorded(self, tokens, start):
-        calls.append((tokens.shape[0], self.width))
-        return real_call(self, tokens, start)
-
-    monkeypatch.setattr(graphs.CapturedStep, "__call__", recorded)
-    return calls
 
 
 def graphed(model):

@@ -47,6 +47,24 @@ def test_smollm2_speculative_equals_plain_and_transformers(smollm, prompt):
             assert out.token_ids == plain.token_ids, (getattr(draft, "name", draft), gamma)
 
 
+@pytest.mark.parametrize("captured", [False, True], ids=["static", "static-captured"])
+def test_smollm2_static_engine_equals_transformers(smollm, captured, request):
+    """The GPU engine's cache and fixed-width steps on a real model (issue 15): the position-indexed
+    static cache, and with ``captured`` its steps run through CapturedStep (graphs emulated on CPU)."""
+    static = specdec.load(smollm.hf_model, tokenizer=smollm.tokenizer, name="smollm2-static", engine="static")
+    if captured:
+        request.getfixturevalue("emulated_graphs")
+        static.cuda_graphs = True  # configure() refuses this without CUDA
+    n = 40
+    for prompt in (CODE_PROMPT,) if captured else (CODE_PROMPT, TEXT_PROMPT):
+        plain = specdec.generate(static, prompt, max_new_tokens=n)
+        assert_equals_transformers(static, plain, n)
+        for draft in (static, "prompt-lookup"):
+            for gamma in (1, 5):
+                out = specdec.generate(static, prompt, draft=draft, gamma=gamma, max_new_tokens=n)
+                assert out.token_ids == plain.token_ids, (getattr(draft, "name", draft), gamma)
+
+
 def test_smollm2_chat_template(smollm):
     out = specdec.generate(smollm, "What is the capital of France?", chat=True, max_new_tokens=20, draft="prompt-lookup")
     assert out.prompt_ids[:3] != smollm.encode("What is")[:3]  # the template wraps the prompt
