@@ -125,6 +125,36 @@ def test_main_prints_table_then_json(tiny_pair, prompts_file, tmp_path, monkeypa
     assert json.loads(out_path.read_text()) == document
 
 
+def test_out_dir_logs_each_prompt_as_it_ends(tiny_pair, prompts_file, tmp_path, monkeypatch):
+    """A run cut short by a time limit still leaves its measured prompts in <out>/runs.jsonl."""
+    from specdec.bench import runner
+
+    target, draft = tiny_pair
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / runner.RUNS_LOG).write_text("a line from an earlier run\n")
+    args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "6",
+                 "--methods", "specdec-plain,specdec-spec", "--warmup", "0", "--out", str(out))
+    result = bench.run(args, target=target, draft=draft, progress=False)
+    lines = [json.loads(line) for line in (out / runner.RUNS_LOG).read_text().splitlines()]
+    assert [line["prompt"] for line in lines] == [run["prompt"] for run in result["runs"]]  # no earlier line
+    assert all(line["temperature"] == 0.0 and line["specdec-spec"]["new_tokens"] == 6 for line in lines)
+
+    calls = []
+    real_log = runner._log_record
+
+    def stop_after_the_first(*a):
+        real_log(*a)
+        calls.append(1)
+        raise KeyboardInterrupt  # the time limit, after the first prompt
+
+    monkeypatch.setattr(runner, "_log_record", stop_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(args, target=target, draft=draft, progress=False)
+    lines = (out / runner.RUNS_LOG).read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["specdec-plain"]["tokens_per_second"] > 0
+
+
 def test_prompt_lookup_draft_name(tiny_pair, prompts_file):
     target, _ = tiny_pair
     args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "8",

@@ -20,7 +20,8 @@ from the loop's timers), the walltime speedup vs specdec-plain beside the Theore
 that alpha and c (paper Table 4 form) and, when it is off by more than 15%, the measured factors that
 make up the gap; the task's quality metric for plain and speculative outputs, and at temperature 0
 whether the tokens equal plain decoding's. It prints markdown tables and then one JSON document (the
-last lines of stdout); ``--out DIR`` also writes ``bench.json``, ``bench.csv`` and ``bench.md`` there.
+last lines of stdout); ``--out DIR`` also writes ``bench.json``, ``bench.csv`` and ``bench.md`` there,
+and ``runs.jsonl`` line by line as each prompt ends (what a run stopped by a time limit leaves).
 
     import argparse, specdec.bench as bench
     parser = argparse.ArgumentParser(); bench.add_arguments(parser)

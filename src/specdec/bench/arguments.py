@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts-file", default=None,
                         help="JSONL file with a \"prompt\" field (same as --task jsonl:PATH)")
     add_json_argument(parser)
-    parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.csv and bench.md into DIR")
+    parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.csv and bench.md into DIR, and runs.jsonl as each prompt ends")
     add_threads_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of every generation (sampling only)")
     parser.add_argument("--device", default="auto",

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -127,6 +129,8 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
              drafts: dict[str, Any], pool: ModelPool, cells: list[Cell], grid: Grid, methods: list[str],
              corpus_source: str, progress: bool) -> dict[str, Any]:
     load_before = load_average()
+    if args.out:  # this run's log starts empty
+        (Path(args.out).expanduser() / RUNS_LOG).unlink(missing_ok=True)
     n_warm = min(args.warmup, len(prompt_ids))
     per_temperature = (n_warm + len(prompt_ids) * args.repeats) * len(cells)
     bar = tqdm(total=per_temperature * len(grid.temperatures), desc="bench", unit="run", file=sys.stderr,
@@ -202,6 +206,20 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
     }
 
 
+RUNS_LOG = "runs.jsonl"  # in --out: one line per prompt and repeat, written as each one ends
+
+
+def _log_record(out_dir: str | None, temperature: float, record: dict[str, Any]) -> None:
+    """Append one prompt's timings to ``<out>/runs.jsonl`` at once, so that a run stopped by a time limit
+    (a GPU lease's, a CI job's) still leaves what it measured."""
+    if not out_dir:
+        return
+    path = Path(out_dir).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / RUNS_LOG, "a", encoding="utf-8") as log:
+        log.write(json.dumps({"temperature": temperature, **record}) + "\n")
+
+
 def _measure_temperature(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], target: LanguageModel,
                          cells: list[Cell], runners: dict[str, Any], warm: dict[str, Any], temperature: float,
                          bar: tqdm) -> dict[str, Any]:
@@ -237,6 +255,7 @@ def _measure_temperature(args: argparse.Namespace, task: Task, prompt_ids: list[
                 bar.update()
             labels.append(f"{item.id}#{r}")
             records.append(record)
+            _log_record(args.out, temperature, record)
 
     summaries = {name: summarize(trials[name]) for name in names}
     outputs = {name: [target.decode(t.tokens) for t in first_trials[name]] for name in names}
