@@ -8,6 +8,7 @@ import specdec
 from specdec.acceptance import greedy_verification, speculative_sampling, verify
 from specdec.devices import resolve_device
 from specdec.models.graphs import compiled_step, static_step
+from specdec.models.kv_cache import cache_argument
 from specdec.models.session import DynamicSession, StaticSession
 from specdec.sampling import SamplingParams, standardize
 from tiny import load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
@@ -154,6 +155,7 @@ def test_the_fixed_width_step_compiles_as_one_graph_for_every_position(kind):
     eager step's logits, and serves every position without recompiling (the position is an input)."""
     target = tiny_gemma3(sliding_window=4, eos=None) if kind == "gemma3" else load_tiny(kind, eos=None)
     model = static(target)
+    other_class = tiny_model("llama")  # built before compiling: a new model class changes transformers' globals
     torch._dynamo.reset()  # the other architecture's entry would count as a recompilation here
     step = torch.compile(static_step, dynamic=False, fullgraph=True)
     sessions = [model.start(PROMPT, 64)[0] for _ in range(2)]  # one compiled, one eager: the same writes
@@ -166,6 +168,8 @@ def test_the_fixed_width_step_compiles_as_one_graph_for_every_position(kind):
             compiled = step(model.hf_model, sessions[0].cache, ids, position)
             eager = static_step(model.hf_model, sessions[1].cache, ids, position)
             torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+        cache_argument(other_class, None)  # a keyword looked up for another class between steps: no guard fails
+        step(model.hf_model, sessions[0].cache, ids, position)
     for session in sessions:
         session.close()
 

@@ -55,12 +55,11 @@ def test_crop_takes_a_negative_count():
 @pytest.mark.parametrize("make", [lambda: load_tiny("qwen2"), lambda: tiny_gemma3(sliding_window=6)],
                          ids=["qwen2", "gemma3-sliding"])
 def test_sessions_use_it_and_rollback_gives_fresh_logits(make):
-    """Full-attention layers are preallocated (sliding-window ones stay transformers' own), and logits after
-    a rollback and re-extension equal those of a session that never saw the rejected tokens."""
+    """Every attention layer is preallocated, sliding-window ones too (the window is in the mask), and
+    logits after a rollback and re-extension equal those of a session that never saw the rejected tokens."""
     model = make()
     session, seq = model.start([1, 10, 11, 12, 13, 14, 15, 16, 17])
-    kinds = {type(layer).__name__ for layer in session.cache.layers}
-    assert "PreallocatedLayer" in kinds and "DynamicLayer" not in kinds
+    assert {type(layer).__name__ for layer in session.cache.layers} == {"PreallocatedLayer"}
     session.forward(seq + [20, 21, 22, 23, 24], 6)  # 5 drafted tokens
     rolled = session.forward(seq + [20, 21, 30, 31], 3)  # 2 accepted, then a different continuation
     fresh, _ = model.start(seq)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from specdec.models import LanguageModel
-from specdec.models.kv_cache import cache_argument
+from specdec.models.kv_cache import cache_keyword
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache
 
 
@@ -42,7 +42,8 @@ class BatchKV:
 
     def __init__(self, model: LanguageModel, capacity: int):
         self.model = model
-        self.cache = StaticKVCache(model.hf_model.config, capacity, model.device, model.dtype)
+        self.cache = StaticKVCache(model.hf_model.config, capacity, model.device, model.dtype,
+                                   cache_keyword(model.hf_model))
         self.tokens = torch.empty(1, 0, dtype=torch.long, device=model.device)  # [R, length] ids held per row
         self.fed = 0  # positions the last forward pass computed (rows x new tokens)
         self.shared = False  # the buffers are another handle's too (see branch)
@@ -105,7 +106,7 @@ class BatchKV:
         mask = masks if len(masks) > 1 else masks["full_attention"]
         logits = self.model.hf_model(
             input_ids=new, position_ids=positions[None].expand(rows, -1), attention_mask=mask,
-            use_cache=True, logits_to_keep=n_logits, **cache_argument(self.model.hf_model, cache),
+            use_cache=True, logits_to_keep=n_logits, **{cache.keyword: cache},
         ).logits
         self.tokens = torch.cat([self.tokens, new], dim=1)  # [B, length + k]
         self.fed = rows * k
@@ -114,7 +115,7 @@ class BatchKV:
     def _grow(self, capacity: int) -> None:
         """Move the buffers into a cache of ``capacity`` positions (the new positions are zeros)."""
         old = self.cache
-        self.cache = StaticKVCache(self.model.hf_model.config, capacity, old.device, old.dtype)
+        self.cache = StaticKVCache(self.model.hf_model.config, capacity, old.device, old.dtype, old.keyword)
         pad = [0, 0, 0, capacity - old.capacity]  # the position dimension of [R, H_kv, C, D]
         self.cache.keys = [None if t is None else torch.nn.functional.pad(t, pad) for t in old.keys]
         self.cache.values = [None if t is None else torch.nn.functional.pad(t, pad) for t in old.values]

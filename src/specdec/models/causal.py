@@ -17,6 +17,7 @@ import torch
 from specdec.devices import module_device
 from specdec.errors import SpecDecError
 from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, compiled_step, static_step
+from specdec.models.kv_cache import cache_keyword
 from specdec.models.session import DynamicSession, KVSession, ModelSession, StaticSession, common_prefix_length
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
 
@@ -221,7 +222,8 @@ class LanguageModel:
         else:
             # A cache too small for this generation is dropped with its graphs rather than kept twice.
             self._caches = [(c, used) for c, used in self._caches if used]
-            cache = StaticKVCache(self.hf_model.config, capacity_for(needed, None), self.device, self.dtype)
+            cache = StaticKVCache(self.hf_model.config, capacity_for(needed, None), self.device, self.dtype,
+                                  cache_keyword(self.hf_model))
         self._caches = [(c, used or c is cache) for c, used in self._caches] + ([] if free else [(cache, True)])
         return cache
 

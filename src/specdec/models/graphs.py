@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from specdec.models.kv_cache import cache_argument
 from specdec.models.static_cache import StaticKVCache
 
 MAX_GRAPH_WIDTH = 64  # wider steps (a catch-up after plain steps, say) run eagerly
@@ -44,7 +43,7 @@ def static_step(hf_model: Any, cache: StaticKVCache, ids: torch.Tensor, start: t
     # Models with sliding-window layers take one mask per layer type; the others one 4-D mask.
     mask = masks if len(masks) > 1 else masks["full_attention"]
     out = hf_model(input_ids=ids, position_ids=positions[None], attention_mask=mask,
-                   use_cache=True, logits_to_keep=n_logits, **cache_argument(hf_model, cache))
+                   use_cache=True, logits_to_keep=n_logits, **{cache.keyword: cache})
     return out.logits[0]  # [w or n_logits, V]
 
 
@@ -104,8 +103,8 @@ def capture(run: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
     """Capture ``run`` as a CUDA graph: (the graph, its static output, rewritten by every ``replay()``).
 
     This and :func:`side_stream` are the only CUDA calls of a captured step; tests on CPU stand in
-    for both with a graph that replays by running again into the same output
-    (``tests/test_engine.py``), so the bookkeeping around them runs where CI does.
+    for both with a graph that replays by running again into the same output (``emulated_graphs`` in
+    ``tests/conftest.py``), so the bookkeeping around them runs where CI does.
     """
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -114,8 +113,9 @@ def capture(run: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
 
 
 # Compiled steps of all widths and models share one dynamo cache (that of static_step's code): one
-# entry per (architecture, width), reused across caches and across models of one architecture (their
-# weights are inputs). Past torch's default of 8 entries dynamo would silently run the step eagerly.
+# entry per width and per shape of model and cache (architecture, size, capacity), reused by caches
+# and models of one shape (weights and buffers are inputs). A model class first built after a step was
+# compiled costs one more entry per width: transformers' output-capturing registry is a guarded global. Past torch's default of 8 entries dynamo would silently run the step eagerly.
 RECOMPILE_LIMIT = 64
 
 

@@ -20,12 +20,13 @@ step past the window.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 MIN_CAPACITY = 256  # positions allocated at least, so short generations never re-allocate
 
@@ -91,22 +92,27 @@ class PreallocatedLayer(DynamicLayer):
 
 
 def preallocated_cache(config) -> DynamicCache:
-    """A ``DynamicCache`` for ``config`` whose layers are all :class:`PreallocatedLayer`."""
+    """A ``DynamicCache`` for ``config`` whose attention layers (full and sliding-window) are
+    :class:`PreallocatedLayer`; other kinds (the recurrent states of hybrid models) stay as they are."""
     cache = DynamicCache(config=config)
-    cache.layers = [PreallocatedLayer() for _ in cache.layers]
+    cache.layers = [PreallocatedLayer() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+                    for layer in cache.layers]
     return cache
 
 
-_CACHE_KEYWORDS: dict[type, str] = {}  # model class -> the name its forward takes the cache by
+def cache_keyword(hf_model: Any) -> str:
+    """The name ``hf_model``'s forward takes its cache by: ``cache`` where it takes that, else
+    ``past_key_values``. transformers renamed the argument (in 5.24 the old name warns that it goes in
+    5.40); 5.17 (the GPU machines') and models with their own code know only ``past_key_values``."""
+    return _keyword_of(type(hf_model))
+
+
+@functools.lru_cache(maxsize=None)
+def _keyword_of(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def cache_argument(hf_model: Any, cache: Any) -> dict[str, Any]:
-    """``{name: cache}`` for ``hf_model``'s forward: ``cache`` where it takes that, else ``past_key_values``.
-
-    transformers renamed the argument (in 5.24 the old name warns that it goes in 5.40); 5.17 (the
-    GPU machines') and models with their own code know only ``past_key_values``.
-    """
-    kind = type(hf_model)
-    if kind not in _CACHE_KEYWORDS:
-        _CACHE_KEYWORDS[kind] = "cache" if "cache" in inspect.signature(kind.forward).parameters else "past_key_values"
-    return {_CACHE_KEYWORDS[kind]: cache}
+    """``{cache_keyword(hf_model): cache}``, for eager calls. A compiled step reads the keyword from its
+    cache instead (:attr:`StaticKVCache.keyword`): a lookup here would put a guard in its graphs."""
+    return {cache_keyword(hf_model): cache}

@@ -57,8 +57,9 @@ class StaticKVCache(Cache):
 
     is_compileable = True
 
-    def __init__(self, config: Any, capacity: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, config: Any, capacity: int, device: torch.device, dtype: torch.dtype, keyword: str):
         super().__init__(layers=[])
+        self.keyword = keyword  # the name the model's forward takes this cache by (kv_cache.cache_keyword)
         self.capacity = capacity
         self.device = device
         self.dtype = dtype
