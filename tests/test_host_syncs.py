@@ -4,9 +4,10 @@ On a GPU the host waits for the device whenever it reads a value computed there:
 ``int(t)``, ``bool(t)``, a Python ``if`` on a tensor) or the result of an op whose output shape depends
 on values (``nonzero``, boolean-mask indexing, ``unique``). One such read inside a round drains the
 queue of kernels that the round is meant to keep full. On CPU the same reads reach PyTorch's
-dispatcher as the same ops, so :class:`HostReads` counts them here, where CI runs. The loop's one
-intended read is :meth:`Verification.read` (one ``tolist`` of n, the tokens and the betas), counted
-separately: it must happen once per round (and once per round of a hierarchy's level 1, which
+dispatcher as the same ops, so :class:`HostReads` counts them here, where CI runs; copies to the host
+(``tolist``, ``cpu``, ``numpy``) do not reach it on CPU and are counted where they are called. The
+loop's one intended read is :meth:`Verification.read` (one ``tolist`` of n, the tokens and the betas),
+counted separately: it must happen once per round (and once per round of a hierarchy's level 1, which
 verifies its own draft before it can go on).
 
 Not covered, because their work is on the host by design: prompt lookup (it searches the host copy of
@@ -100,8 +101,14 @@ def test_a_generation_reads_the_device_once_per_round(pair, engine_name, setting
         return real_read(self)
 
     monkeypatch.setattr(Verification, "read", counted_read)
+    copies = []  # copies to the host, which never reach the dispatcher on CPU: counted where they are called
+    for method in ("tolist", "cpu", "numpy"):
+        real = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _m=method, _real=real, **k:
+                            (copies.append(_m), _real(self, *a, **k))[1])
     for draft in (None, close, "random", [close, far]):
         read_backs.clear()
+        copies.clear()
         with HostReads() as reads:
             out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=24, seed=3, **settings)
         assert len(out.token_ids) == 24
@@ -111,3 +118,4 @@ def test_a_generation_reads_the_device_once_per_round(pair, engine_name, setting
         inner_rounds = sum(level["target_calls"] for level in out.stats.levels)
         assert len(read_backs) == out.stats.target_calls + inner_rounds, label
         assert inner_rounds > 0 if isinstance(draft, list) else inner_rounds == 0
+        assert copies == ["tolist"] * len(read_backs), label  # the read-back's one copy, and no other

@@ -77,6 +77,8 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
         torch.set_num_threads(args.threads)
     task = task_from_args(args)
     check_metric_libraries(task.metrics)
+    if args.out:  # this run's log starts empty, before anything (a model's load or conversion) can fail
+        (Path(args.out).expanduser() / RUNS_LOG).unlink(missing_ok=True)
     check_models(pool, None if target is not None else (args.target, args.quantize),
                  grid.drafts + [a for a in (grid.assisted or []) if a not in grid.drafts] if draft is None else [])
     target = target if target is not None else pool.get(args.target, args.quantize)
@@ -129,8 +131,6 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
              drafts: dict[str, Any], pool: ModelPool, cells: list[Cell], grid: Grid, methods: list[str],
              corpus_source: str, progress: bool) -> dict[str, Any]:
     load_before = load_average()
-    if args.out:  # this run's log starts empty
-        (Path(args.out).expanduser() / RUNS_LOG).unlink(missing_ok=True)
     n_warm = min(args.warmup, len(prompt_ids))
     per_temperature = (n_warm + len(prompt_ids) * args.repeats) * len(cells)
     bar = tqdm(total=per_temperature * len(grid.temperatures), desc="bench", unit="run", file=sys.stderr,

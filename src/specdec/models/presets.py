@@ -66,7 +66,9 @@ def resolve_preset(
 
     The folder is ``<cache>/models/<name>`` where ``<cache>`` is ``cache_dir`` or :func:`cache_root`.
     The first call for a variant joins the packaged GGUF parts, checks their sha256, dequantizes the
-    model and saves the variant; later calls return at once. Each file appears whole or not at all
+    model and saves the variant; later calls return at once. A joined GGUF file of the preset already
+    in ``<cache>/gguf/`` (from :func:`preset_gguf`, or copied there on a machine without the packages)
+    is used in place of the packages. Each file appears whole or not at all
     (written aside, then renamed).
 
     Raises:
