@@ -155,6 +155,21 @@ def test_out_dir_logs_each_prompt_as_it_ends(tiny_pair, prompts_file, tmp_path, 
     assert len(lines) == 1 and json.loads(lines[0])["specdec-plain"]["tokens_per_second"] > 0
 
 
+def test_bench_prepares_every_step_width_before_timing(tiny_pair, prompts_file, monkeypatch):
+    from specdec.models.causal import LanguageModel
+
+    target, draft = tiny_pair
+    asked = []
+    monkeypatch.setattr(LanguageModel, "prepare_steps", lambda self, widths, positions=None:
+                        asked.append((self.name, sorted(widths), positions)) or [])
+    args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "6",
+                 "--methods", "specdec-plain,specdec-spec", "--gammas", "2,5", "--warmup", "0")
+    bench.run(args, target=target, draft=draft, progress=False)
+    prompts = [target.encode(json.loads(line)["prompt"]) for line in prompts_file.read_text().splitlines()[:2]]
+    positions = max(map(len, prompts)) + 6 + 1
+    assert asked == [(target.name, [1, 3, 5, 6], positions), (draft.name, [1, 2], positions)]
+
+
 def test_prompt_lookup_draft_name(tiny_pair, prompts_file):
     target, _ = tiny_pair
     args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "8",

@@ -111,6 +111,22 @@ def test_generations_through_captured_steps_give_the_eager_tokens(target, emulat
     assert len(caches) == 2  # one cache per model, taken again by every generation with its graphs
 
 
+def test_prepared_steps_are_the_ones_later_generations_replay(target, emulated_graphs):
+    model, draft = graphed(target), graphed(perturbed(target, 0.05))
+    assert static(target).prepare_steps([1, 5]) == []  # without CUDA graphs: nothing to prepare
+    positions = len(PROMPT) + N_NEW + 1
+    assert model.prepare_steps([5, 1], positions) == [1, 5]
+    assert draft.prepare_steps([1, 2], positions) == [1, 2]
+    (target_cache, _), = model._caches
+    (draft_cache, _), = draft._caches
+    prepared = dict(target_cache.graphs), dict(draft_cache.graphs)
+    reference = specdec.generate(static(target), PROMPT, max_new_tokens=N_NEW)
+    out = specdec.generate(model, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW)
+    assert out.token_ids == reference.token_ids  # the preparation's dummy tokens left nothing behind
+    assert [c for c, _ in model._caches] == [target_cache] and [c for c, _ in draft._caches] == [draft_cache]
+    assert (target_cache.graphs, draft_cache.graphs) == prepared  # nothing captured during the generation
+
+
 def test_static_engine_greedy_equals_dynamic_engine_and_transformers(target):
     model = static(target)
     dynamic = specdec.generate(target, PROMPT, max_new_tokens=N_NEW)

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in grid.drafts} if uses_drafts else {}
     cells = build_cells(methods, grid, args.gamma)
     prompt_ids = [encode_item(target, item) for item in task.items]
+    _prepare_steps(target, drafts, pool, grid, args, prompt_ids)
     if "llama-cpp" in methods and pool.llama_cpp is None:
         n_ctx = max(map(len, prompt_ids), default=0) + args.max_new_tokens + LLAMA_CONTEXT_MARGIN
         pool.llama_cpp = load_llama_cpp(target_gguf(args.target), max(n_ctx, LLAMA_MIN_CONTEXT),
@@ -204,6 +205,21 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
         "rows": rows,
         "skipped": skipped,
     }
+
+
+def _prepare_steps(target: LanguageModel, drafts: dict[str, Any], pool: ModelPool, grid: Grid,
+                   args: argparse.Namespace, prompt_ids: list[list[int]]) -> None:
+    """With CUDA graphs, capture (and compile) every step width the runs will use before any is timed:
+    the target's one token and gamma + 1 for each gamma, a model draft's one and two tokens."""
+    if not prompt_ids:
+        return
+    positions = max(map(len, prompt_ids)) + args.max_new_tokens + 1
+    gammas = set(grid.gammas) | {args.gamma}
+    target.prepare_steps([1] + [g + 1 for g in gammas], positions)
+    for spec in drafts:
+        for model in spec_models(spec, pool):
+            if model is not target:
+                model.prepare_steps([1, 2], positions)
 
 
 RUNS_LOG = "runs.jsonl"  # in --out: one line per prompt and repeat, written as each one ends

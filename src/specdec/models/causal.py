@@ -212,6 +212,23 @@ class LanguageModel:
         session_class = StaticSession if self.engine == "static" else DynamicSession
         return session_class(self, max_positions), list(prompt_ids)
 
+    def prepare_steps(self, widths: Sequence[int], max_positions: int | None = None) -> list[int]:
+        """Capture (and with ``compile``, compile) the steps of ``widths`` tokens now, on the cache that a
+        generation of up to ``max_positions`` positions then takes from the pool, so that no capture (a
+        compilation takes tens of seconds) lands inside a timed or waited-for generation. Returns the widths
+        that have a captured step; a no-op without CUDA graphs."""
+        if not self.cuda_graphs:
+            return []
+        session = StaticSession(self, max_positions)
+        try:
+            session.prefill([0])  # one position: steps run at positions >= 1 (the prefill is never captured)
+            for width in sorted(set(widths)):  # ascending: each width gets a graph of its own
+                session.extend([0] * width, 1)
+                session.rollback(1)
+            return sorted(session.cache.graphs)
+        finally:
+            session.close()
+
     def acquire_cache(self, max_positions: int | None) -> StaticKVCache:
         """A free static cache with room for max_positions plus the widest padded step (kept for reuse:
         its captured graphs are tied to its buffers)."""
