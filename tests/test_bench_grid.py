@@ -141,7 +141,8 @@ def test_cli_bench_out(tmp_path, task_file, capsys):
                      "--methods", "specdec-plain,specdec-spec", "--gammas", "2,3", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0 and text.startswith("| method |")
-    assert {p.name for p in out.iterdir()} == {"bench.json", "bench.csv", "bench.md"}
+    assert {p.name for p in out.iterdir()} == {"bench.json", "bench.csv", "bench.md", "runs.jsonl"}
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 2  # one line per prompt
     doc = json.loads((out / "bench.json").read_text())
     spec = [r for r in doc["rows"] if r["method"] == "specdec-spec"]
     assert [r["gamma"] for r in spec] == [2, 3] and all(r["alpha"] == pytest.approx(1.0) for r in spec)
