@@ -210,16 +210,23 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
 def _prepare_steps(target: LanguageModel, drafts: dict[str, Any], pool: ModelPool, grid: Grid,
                    args: argparse.Namespace, prompt_ids: list[list[int]]) -> None:
     """With CUDA graphs, capture (and compile) every step width the runs will use before any is timed:
-    the target's one token and gamma + 1 for each gamma, a model draft's one and two tokens."""
+    the target's one token and gamma + 1 for each gamma, a model draft's one and two tokens, and a
+    hierarchy's model with a draft below it also its verification: up to two pending tokens and at most
+    gamma - 1 inner drafts (it leaves room for its own token), so gamma + 1."""
+    from specdec.drafters import DRAFTER_NAMES
+
     if not prompt_ids:
         return
     positions = max(map(len, prompt_ids)) + args.max_new_tokens + 1
     gammas = set(grid.gammas) | {args.gamma}
     target.prepare_steps([1] + [g + 1 for g in gammas], positions)
     for spec in drafts:
-        for model in spec_models(spec, pool):
-            if model is not target:
-                model.prepare_steps([1, 2], positions)
+        levels = parse_spec(spec)
+        for i, (name, quant) in enumerate(levels):
+            model = None if name in DRAFTER_NAMES else pool.get(name, quant)
+            if model is not None and model is not target:
+                verifies = i + 1 < len(levels)  # a level below it drafts for it (inner gamma = gamma)
+                model.prepare_steps([1, 2] + ([g + 1 for g in gammas] if verifies else []), positions)
 
 
 RUNS_LOG = "runs.jsonl"  # in --out: one line per prompt and repeat, written as each one ends
