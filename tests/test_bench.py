@@ -170,28 +170,6 @@ def test_bench_prepares_every_step_width_before_timing(tiny_pair, prompts_file, 
     assert asked == [(target.name, [1, 3, 5, 6], positions), (draft.name, [1, 2], positions)]
 
 
-def test_a_hierarchy_level_with_a_draft_below_prepares_its_verification_widths():
-    from types import SimpleNamespace
-
-    from specdec.bench import runner
-
-    asked = []
-
-    class Model:
-        def __init__(self, name):
-            self.name = name
-
-        def prepare_steps(self, widths, positions=None):
-            asked.append((self.name, sorted(widths), positions))
-
-    target, models = Model("target"), {"m1": Model("m1"), "m2": Model("m2")}
-    pool = SimpleNamespace(get=lambda name, quant: models[name])
-    grid = SimpleNamespace(gammas=[3])
-    args = SimpleNamespace(gamma=3, max_new_tokens=10)
-    runner._prepare_steps(target, {"m1<-m2<-prompt-lookup": None, "m2": None}, pool, grid, args, [[1, 2, 3]])
-    assert asked == [("target", [1, 4], 14), ("m1", [1, 2, 4], 14), ("m2", [1, 2, 4], 14), ("m2", [1, 2], 14)]
-
-
 def test_prompt_lookup_draft_name(tiny_pair, prompts_file):
     target, _ = tiny_pair
     args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "8",

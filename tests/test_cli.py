@@ -392,23 +392,18 @@ def test_the_command_leaves_without_teardown_and_loses_no_output(model_dir):
 
 
 def test_the_server_prepares_the_steps_a_default_request_uses(emulated_graphs):
-    from tiny import load_tiny, perturbed
-
-    def graphed(model):
-        out = specdec.load(model.hf_model, tokenizer=model.tokenizer, name=model.name, engine="static")
-        out.cuda_graphs = True  # configure() refuses this without CUDA; the graphs are emulated
-        return out
+    from tiny import captured, load_tiny, perturbed
 
     def widths(model):
         return [sorted(cache.graphs) for cache, _ in model._caches]
 
     tiny = load_tiny(eos=None)
-    target, draft = graphed(tiny), graphed(perturbed(tiny, 0.1))
-    cli.prepare_steps(target, draft, None, None, None)  # the defaults: gamma 4, constant
+    target, draft = captured(tiny), captured(perturbed(tiny, 0.1))
+    cli.prepare_served_steps(target, draft, None, None, None)  # the defaults: gamma 4, constant
     assert widths(target) == [[1, 5]] and widths(draft) == [[1, 2]]
-    target, draft = graphed(tiny), graphed(perturbed(tiny, 0.1))
-    cli.prepare_steps(target, [draft, "prompt-lookup"], 3, "adaptive", 6)
-    assert widths(target) == [[1, 4, 7]] and widths(draft) == [[1, 2]]
-    plain = graphed(tiny)
-    cli.prepare_steps(plain, None, None, None, None)
+    target, draft = captured(tiny), captured(perturbed(tiny, 0.1))
+    cli.prepare_served_steps(target, [draft, "prompt-lookup"], 3, "adaptive", 6)  # gamma varies up to 6
+    assert widths(target) == [[1, 4, 7]] and widths(draft) == [[1, 2, 4, 7]]  # the draft verifies its own
+    plain = captured(tiny)
+    cli.prepare_served_steps(plain, None, None, None, None)
     assert widths(plain) == [[1]]

@@ -11,7 +11,7 @@ from specdec.models.graphs import compiled_step, static_step
 from specdec.models.kv_cache import cache_argument
 from specdec.models.session import DynamicSession, StaticSession
 from specdec.sampling import SamplingParams, standardize
-from tiny import load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
+from tiny import captured, load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
 N_NEW = 40
@@ -64,15 +64,8 @@ def test_a_static_cache_is_reused_and_never_shared(target):
     c.close()
 
 
-def graphed(model):
-    """The static engine with captured steps (on CPU only under emulated_graphs)."""
-    out = static(model)
-    out.cuda_graphs = True  # configure() refuses this without CUDA
-    return out
-
-
 def test_captured_steps_pad_narrow_requests_and_replay_the_eager_logits(target, emulated_graphs):
-    model, eager = graphed(target), static(target)
+    model, eager = captured(target), static(target)
     sessions = [m.start(PROMPT, 64)[0] for m in (model, eager)]
     for session in sessions:
         session.prefill(PROMPT[:-1])
@@ -95,7 +88,7 @@ def test_captured_steps_pad_narrow_requests_and_replay_the_eager_logits(target, 
 
 def test_generations_through_captured_steps_give_the_eager_tokens(target, emulated_graphs):
     draft = perturbed(target, 0.05)
-    model, draft_model = graphed(target), graphed(draft)
+    model, draft_model = captured(target), captured(draft)
     reference = specdec.generate(static(target), PROMPT, max_new_tokens=N_NEW)
     for _ in range(2):  # the second generation replays the graphs the first one captured
         assert specdec.generate(model, PROMPT, max_new_tokens=N_NEW).token_ids == reference.token_ids
@@ -112,7 +105,7 @@ def test_generations_through_captured_steps_give_the_eager_tokens(target, emulat
 
 
 def test_prepared_steps_are_the_ones_later_generations_replay(target, emulated_graphs):
-    model, draft = graphed(target), graphed(perturbed(target, 0.05))
+    model, draft = captured(target), captured(perturbed(target, 0.05))
     assert static(target).prepare_steps([1, 5]) == []  # without CUDA graphs: nothing to prepare
     positions = len(PROMPT) + N_NEW + 1
     assert model.prepare_steps([5, 1], positions) == [1, 5]
@@ -125,6 +118,22 @@ def test_prepared_steps_are_the_ones_later_generations_replay(target, emulated_g
     assert out.token_ids == reference.token_ids  # the preparation's dummy tokens left nothing behind
     assert [c for c, _ in model._caches] == [target_cache] and [c for c, _ in draft._caches] == [draft_cache]
     assert (target_cache.graphs, draft_cache.graphs) == prepared  # nothing captured during the generation
+
+
+def test_prepare_steps_gives_each_model_the_widths_of_its_role(target, emulated_graphs):
+    from specdec.decoding import prepare_steps
+
+    def widths(model):
+        return [sorted(cache.graphs) for cache, _ in model._caches]
+
+    model, m1, m2 = captured(target), captured(perturbed(target, 0.05)), captured(perturbed(target, 0.3, seed=4))
+    prepare_steps(model, [[m1, m2, "prompt-lookup"], "bigram", model], [3], 40)
+    # target: 1 and gamma + 1; levels with a level below verify (gamma + 1) besides drafting (1, 2); the
+    # target as its own draft is prepared as the target only
+    assert (widths(model), widths(m1), widths(m2)) == ([[1, 4]], [[1, 2, 4]], [[1, 2, 4]])
+    plain = captured(target)
+    prepare_steps(plain, [], [3])
+    assert widths(plain) == [[1]]
 
 
 def test_static_engine_greedy_equals_dynamic_engine_and_transformers(target):

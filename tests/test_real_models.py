@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import specdec
+from tiny import captured
 
 pytestmark = pytest.mark.slow
 
@@ -47,16 +48,17 @@ def test_smollm2_speculative_equals_plain_and_transformers(smollm, prompt):
             assert out.token_ids == plain.token_ids, (getattr(draft, "name", draft), gamma)
 
 
-@pytest.mark.parametrize("captured", [False, True], ids=["static", "static-captured"])
-def test_smollm2_static_engine_equals_transformers(smollm, captured, request):
+@pytest.mark.parametrize("captured_steps", [False, True], ids=["static", "static-captured"])
+def test_smollm2_static_engine_equals_transformers(smollm, captured_steps, request):
     """The GPU engine's cache and fixed-width steps on a real model (issue 15): the position-indexed
-    static cache, and with ``captured`` its steps run through CapturedStep (graphs emulated on CPU)."""
-    static = specdec.load(smollm.hf_model, tokenizer=smollm.tokenizer, name="smollm2-static", engine="static")
-    if captured:
+    static cache, and with ``captured_steps`` its steps run through CapturedStep (graphs emulated on CPU)."""
+    if captured_steps:
         request.getfixturevalue("emulated_graphs")
-        static.cuda_graphs = True  # configure() refuses this without CUDA
+        static = captured(smollm)
+    else:
+        static = specdec.load(smollm.hf_model, tokenizer=smollm.tokenizer, name="smollm2-static", engine="static")
     n = 40
-    for prompt in (CODE_PROMPT,) if captured else (CODE_PROMPT, TEXT_PROMPT):
+    for prompt in (CODE_PROMPT,) if captured_steps else (CODE_PROMPT, TEXT_PROMPT):
         plain = specdec.generate(static, prompt, max_new_tokens=n)
         assert_equals_transformers(static, plain, n)
         for draft in (static, "prompt-lookup"):

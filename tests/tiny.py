@@ -47,6 +47,14 @@ def load_tiny(kind: str = "llama", **kwargs) -> specdec.LanguageModel:
     return specdec.load(tiny_model(kind, **kwargs), tokenizer=tiny_tokenizer(), name=f"tiny-{kind}")
 
 
+def captured(model: specdec.LanguageModel) -> specdec.LanguageModel:
+    """The same weights behind the static engine with captured steps. configure() refuses CUDA graphs
+    without CUDA: on CPU use it under the ``emulated_graphs`` fixture (conftest.py)."""
+    out = specdec.load(model.hf_model, tokenizer=model.tokenizer, name=f"{model.name}-captured", engine="static")
+    out.cuda_graphs = True
+    return out
+
+
 def perturbed(model: specdec.LanguageModel, scale: float, seed: int = 1) -> specdec.LanguageModel:
     """A copy of ``model`` with Gaussian noise on every weight: a draft that is close but not equal."""
     import copy

@@ -211,21 +211,16 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     return target, draft
 
 
-def prepare_steps(target: Any, draft: Any, gamma: int | None, gamma_schedule: str | None,
-                  max_gamma: int | None) -> None:
-    """With CUDA graphs, capture (and compile) the steps a default request uses before the server is ready:
-    the target's one token and gamma + 1 (and the schedule's widest, when gamma varies; narrower rounds
-    run padded in it), a model draft's one and two tokens."""
+def prepare_served_steps(target: Any, draft: Any, gamma: int | None, gamma_schedule: str | None,
+                         max_gamma: int | None) -> None:
+    """Capture (and compile) the steps a default request uses before the server is ready: those of its
+    gamma, and of the schedule's widest when gamma varies (narrower rounds run padded in it)."""
     from specdec.config import GenerationConfig
+    from specdec.decoding import prepare_steps
 
     config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
-    widths = [1]
-    if draft is not None:
-        widths += [config.gamma + 1] + ([config.gamma_bound + 1] if config.gamma_schedule != "constant" else [])
-    target.prepare_steps(widths)
-    for level in draft if isinstance(draft, list) else [draft]:
-        if hasattr(level, "prepare_steps") and level is not target:
-            level.prepare_steps([1, 2])
+    gammas = [config.gamma] + ([config.gamma_bound] if config.gamma_schedule != "constant" else [])
+    prepare_steps(target, [draft] if draft is not None else [], gammas)
 
 
 def draft_label(draft) -> str:
@@ -326,7 +321,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     def load() -> serve.Served:
         target, draft = load_models(args)
-        prepare_steps(target, draft, *speculation(None, None), args.max_gamma)
+        prepare_served_steps(target, draft, *speculation(None, None), args.max_gamma)
         return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
                             speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
                             timeout=args.timeout)

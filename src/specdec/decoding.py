@@ -127,6 +127,24 @@ def generate(
     return _finish(run)
 
 
+def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence[int],
+                  max_positions: int | None = None) -> None:
+    """With CUDA graphs, capture (and compile) now the step widths generations with ``drafts`` (each what
+    ``generate(draft=...)`` takes; none: plain decoding) and these gammas will run, so that no capture lands
+    inside a timed or waited-for generation (:meth:`LanguageModel.prepare_steps`). The widths of this loop:
+    the target's one token and gamma + 1; a model draft's one token and its two-token catch-up; a model with
+    a level drafting below it (a hierarchy) verifies too: up to two pending tokens and at most gamma - 1
+    inner drafts (it leaves room for its own token), so gamma + 1. A narrower step runs padded in the next
+    wider graph."""
+    verify = [g + 1 for g in gammas]
+    target.prepare_steps([1] + (verify if drafts else []), max_positions)
+    for draft in drafts:
+        levels = draft if isinstance(draft, (list, tuple)) else [draft]
+        for i, level in enumerate(levels):
+            if isinstance(level, LanguageModel) and level is not target:
+                level.prepare_steps([1, 2] + (verify if i + 1 < len(levels) else []), max_positions)
+
+
 def _check_names(target: Any, draft: Any) -> None:
     """Models given by name are checked (presets, paths, hub ids) before the first one loads."""
     from specdec.drafters import DRAFTER_NAMES

@@ -30,6 +30,7 @@ from specdec.bench.methods import Settings, Trial, hf_runner, llama_cpp_runner, 
 from specdec.bench.metrics import check_metric_libraries, score
 from specdec.bench.tasks import Task, encode_item, has_chat_template, load_task, ngram_corpus
 from specdec.bench.timing import measure_costs, primary_step_costs
+from specdec.decoding import prepare_steps
 from specdec.devices import describe, resolve_device
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, same_vocabulary
@@ -88,7 +89,9 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in grid.drafts} if uses_drafts else {}
     cells = build_cells(methods, grid, args.gamma)
     prompt_ids = [encode_item(target, item) for item in task.items]
-    _prepare_steps(target, drafts, pool, grid, args, prompt_ids)
+    if prompt_ids:  # every step width the runs use, captured (and compiled) before any run is timed
+        prepare_steps(target, list(drafts.values()), sorted(set(grid.gammas) | {args.gamma}),
+                      max(map(len, prompt_ids)) + args.max_new_tokens + 1)
     if "llama-cpp" in methods and pool.llama_cpp is None:
         n_ctx = max(map(len, prompt_ids), default=0) + args.max_new_tokens + LLAMA_CONTEXT_MARGIN
         pool.llama_cpp = load_llama_cpp(target_gguf(args.target), max(n_ctx, LLAMA_MIN_CONTEXT),
@@ -205,28 +208,6 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
         "rows": rows,
         "skipped": skipped,
     }
-
-
-def _prepare_steps(target: LanguageModel, drafts: dict[str, Any], pool: ModelPool, grid: Grid,
-                   args: argparse.Namespace, prompt_ids: list[list[int]]) -> None:
-    """With CUDA graphs, capture (and compile) every step width the runs will use before any is timed:
-    the target's one token and gamma + 1 for each gamma, a model draft's one and two tokens, and a
-    hierarchy's model with a draft below it also its verification: up to two pending tokens and at most
-    gamma - 1 inner drafts (it leaves room for its own token), so gamma + 1."""
-    from specdec.drafters import DRAFTER_NAMES
-
-    if not prompt_ids:
-        return
-    positions = max(map(len, prompt_ids)) + args.max_new_tokens + 1
-    gammas = set(grid.gammas) | {args.gamma}
-    target.prepare_steps([1] + [g + 1 for g in gammas], positions)
-    for spec in drafts:
-        levels = parse_spec(spec)
-        for i, (name, quant) in enumerate(levels):
-            model = None if name in DRAFTER_NAMES else pool.get(name, quant)
-            if model is not None and model is not target:
-                verifies = i + 1 < len(levels)  # a level below it drafts for it (inner gamma = gamma)
-                model.prepare_steps([1, 2] + ([g + 1 for g in gammas] if verifies else []), positions)
 
 
 RUNS_LOG = "runs.jsonl"  # in --out: one line per prompt and repeat, written as each one ends

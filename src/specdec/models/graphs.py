@@ -7,7 +7,8 @@ draft's one-token step, its two-token catch-up, and the target's gamma + 1 verif
 one graph launch each instead of hundreds of kernel launches. A request for a width that has no
 graph yet uses the narrowest captured graph that is at least as wide (the extra tokens are padding:
 they write stale cache entries past the sequence, which the mask hides and later writes overwrite),
-else captures its own; one-token steps always have their own. The prefill and steps wider than ``MAX_GRAPH_WIDTH`` run eagerly.
+else captures its own; one-token steps always have their own. The prefill and steps wider than
+``MAX_GRAPH_WIDTH`` run eagerly.
 
 Why not transformers' ``StaticCache`` with ``torch.compile(mode="reduce-overhead")``: its cache
 advances an internal length on every call (re-running a step at the same positions, which is
@@ -115,7 +116,8 @@ def capture(run: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
 # Compiled steps of all widths and models share one dynamo cache (that of static_step's code): one
 # entry per width and per shape of model and cache (architecture, size, capacity), reused by caches
 # and models of one shape (weights and buffers are inputs). A model class first built after a step was
-# compiled costs one more entry per width: transformers' output-capturing registry is a guarded global. Past torch's default of 8 entries dynamo would silently run the step eagerly.
+# compiled costs one more entry per width: transformers' output-capturing registry is a guarded global.
+# Past torch's default of 8 entries dynamo would silently run the step eagerly.
 RECOMPILE_LIMIT = 64
 
 

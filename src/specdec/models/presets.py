@@ -80,7 +80,7 @@ def resolve_preset(
     if variant not in VARIANTS:
         raise SpecDecError(f"unknown preset variant {variant!r}; use one of: {', '.join(VARIANTS)}")
     weights = VARIANTS[variant]
-    models_dir = _models_dir(cache_dir)
+    models_dir = _cache_folder(cache_dir, "models")
     final = models_dir / preset.name
     if _is_complete(final, preset) and (final / weights).is_file():
         return final
@@ -136,13 +136,14 @@ def converted_folder(name: str, *, cache_dir: pathlib.Path | None = None) -> pat
     """The folder of preset ``name`` if a conversion already made it (config and tokenizer are there,
     whichever variants it holds), else None. Converts nothing."""
     preset = get_preset(name)
-    folder = _models_dir(cache_dir) / preset.name
+    folder = _cache_folder(cache_dir, "models") / preset.name
     return folder if _is_complete(folder, preset) else None
 
 
-def _models_dir(cache_dir: pathlib.Path | None) -> pathlib.Path:
-    """Where converted presets live: ``<cache>/models``, ``<cache>`` being ``cache_dir`` or :func:`cache_root`."""
-    return pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "models"
+def _cache_folder(cache_dir: pathlib.Path | None, name: str) -> pathlib.Path:
+    """``<cache>/<name>``, ``<cache>`` being ``cache_dir`` or :func:`cache_root`: ``models`` holds converted
+    presets, ``gguf`` joined GGUF files."""
+    return pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / name
 
 
 def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: bool = True) -> pathlib.Path:
@@ -152,7 +153,7 @@ def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: b
     Raises the same errors as :func:`resolve_preset`.
     """
     preset = get_preset(name)
-    folder = _gguf_dir(cache_dir)
+    folder = _cache_folder(cache_dir, "gguf")
     final = folder / preset.gguf_name
     if final.is_file() and final.stat().st_size == preset.size:
         return final
@@ -171,18 +172,13 @@ def preset_gguf(name: str, *, cache_dir: pathlib.Path | None = None, progress: b
     return final
 
 
-def _gguf_dir(cache_dir: pathlib.Path | None) -> pathlib.Path:
-    """Where joined GGUF files live: ``<cache>/gguf``."""
-    return pathlib.Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "gguf"
-
-
 def _joined_gguf(preset: Preset, cache_dir: pathlib.Path | None) -> list[pathlib.Path] | None:
     """The preset's joined GGUF file in ``<cache>/gguf/`` as its one part, when one of the right size is there
     (made by :func:`preset_gguf`, or copied in on a machine without the packages); else None.
 
     Its sha256 is checked while it is copied, as the packages' parts are.
     """
-    path = _gguf_dir(cache_dir) / preset.gguf_name
+    path = _cache_folder(cache_dir, "gguf") / preset.gguf_name
     return [path] if path.is_file() and path.stat().st_size == preset.size else None
 
 
