@@ -1,4 +1,5 @@
-"""Quantized drafts (dynamic int8) never change the output; a quantized target is labelled."""
+"""int8 models: quantized drafts never change the output; an int8 target is block-invariant (a k-token pass
+gives each position the logits of k one-token steps, bit for bit), so speculative decoding with it is exact."""
 
 import copy
 
@@ -9,7 +10,8 @@ import specdec
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
 from test_distribution import V, exact_joint, sampled_joint
-from tiny import load_tiny, perturbed
+from specdec.models.quantize import Int8Linear
+from tiny import load_tiny, perturbed, tiny_gemma3
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
 
@@ -26,7 +28,7 @@ def test_quantized_draft_keeps_greedy_exact(method):
         draft = quantized_copy(source, method)
         assert draft.quantization == method and draft.name.endswith(f"+{method}")
         linear = draft.hf_model.model.layers[0].self_attn.q_proj
-        assert "quantized" in type(linear).__module__  # really replaced by a dynamic int8 kernel
+        assert isinstance(linear, Int8Linear) and linear.pinned  # really replaced by the int8 kernel
         for gamma in (1, 3, 6):
             out = specdec.generate(target, PROMPT, draft=draft, gamma=gamma, max_new_tokens=40)
             assert out.token_ids == plain.token_ids
@@ -42,29 +44,128 @@ def test_quantized_draft_keeps_the_distribution():
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
 
 
-def test_quantized_target_depends_on_the_block_and_is_labelled_not_exact():
-    """Dynamic int8 scales activations once per forward pass, so the quantized target's logits for a
-    position change with the number of tokens in the pass: speculative verification (gamma + 1 tokens)
-    is then not token-identical to the quantized target's own plain decoding, and specdec says so."""
-    base = load_tiny(eos=None, hidden=128)
+def int8_tiny(kind):
+    if kind == "gemma3":  # sliding window 6: the prefixes below reach past it
+        return quantized_copy(tiny_gemma3(eos=None))
+    return quantized_copy(load_tiny(kind, eos=None, hidden=128))
+
+
+def steps_and_block(model, seq, prefix, k, engine="dynamic"):
+    """The logits [k, V] of seq[prefix : prefix + k] computed by k one-token steps, and by one k-token pass,
+    each after a detour that is rolled back (the cache then holds stale positions past the prefix)."""
+    model.configure(engine)
+    out = []
+    for widths in ([1] * k, [k]):
+        session, _ = model.start(seq, len(seq) + 16)
+        session.prefill(seq[:prefix])
+        session.extend(seq[prefix + 1: prefix + 4], 1)  # a detour, then rolled back
+        session.rollback(prefix)
+        rows, at = [], prefix
+        for w in widths:
+            rows.append(session.extend(seq[at: at + w], w))
+            at += w
+        session.close()
+        out.append(torch.cat(rows))
+    model.configure("dynamic")
+    return out
+
+
+SEQ = [1] + [4 + (7 * i) % 90 for i in range(40)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "gemma3"])
+def test_int8_block_equals_one_token_steps_bit_for_bit(kind, threads):
+    torch.set_num_threads(threads)
+    model = int8_tiny(kind)
+    assert model.block_invariant
+    for engine in ("dynamic", "static"):
+        for prefix in (3, 9, 17):  # gemma3: past its sliding window of 6
+            for k in range(2, 10):
+                steps, block = steps_and_block(model, SEQ, prefix, k, engine)
+                assert torch.equal(steps, block), (engine, prefix, k, (steps - block).abs().max().item())
+
+
+def test_the_per_pass_scale_breaks_block_invariance():
+    """The planted bug: torch's per-pass activation scale in place of the pinned range (same weights)."""
+    model = int8_tiny("qwen2")
+    steps, block = steps_and_block(model, SEQ, 9, 6)
+    assert torch.equal(steps, block)
+    for layer in model.hf_model.modules():
+        if isinstance(layer, Int8Linear):
+            layer.pinned = False
+    steps, block = steps_and_block(model, SEQ, 9, 6)
+    assert not torch.equal(steps, block)
+    assert torch.allclose(steps, block, atol=0.5)  # the same model, only rounded differently
+
+
+def test_row_attention_is_the_models_attention():
+    """The rows computed one by one equal transformers' SDPA attention over the block (to float rounding),
+    also past a sliding window."""
+    for kind in ("qwen2", "gemma3"):
+        model = int8_tiny(kind)
+        _, rows = steps_and_block(model, SEQ, 17, 6)
+        stock = copy.copy(model)  # the same module, its attention left as transformers' SDPA
+        stock.block_invariant = False
+        model.hf_model.set_attn_implementation("sdpa")
+        _, sdpa = steps_and_block(stock, SEQ, 17, 6)
+        assert model.hf_model.config._attn_implementation == "sdpa"
+        model.configure("dynamic")
+        assert model.hf_model.config._attn_implementation == "specdec_rows"
+        assert torch.allclose(rows, sdpa, atol=1e-5)
+
+
+def test_int8_layer_is_close_to_the_float_layer_and_row_independent():
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 80, generator=g) * 0.05, torch.randn(96, generator=g)
+    layer = Int8Linear.from_float(weight, bias)
+    x = torch.randn(37, 80, generator=g) * torch.rand(37, 1, generator=g) * 4
+    x[5] = 0.0  # an all-zero row stays finite
+    y = layer(x)
+    reference = x @ weight.T + bias
+    assert torch.isfinite(y).all() and torch.equal(y[5], bias)
+    assert (y - reference).norm() / reference.norm() < 0.02
+    for i in range(0, 37, 6):
+        assert torch.equal(layer(x[i: i + 1]), y[i: i + 1])
+    assert torch.equal(layer(x.view(1, 37, 80))[0], y)  # any leading shape
+    assert torch.equal(layer.weight().int_repr(), torch.ops.quantized.linear_unpack(
+        layer._packed)[0].int_repr()[:, :80])
+
+
+@pytest.mark.parametrize("draft", ["prompt-lookup", "perturbed", "hierarchy"])
+def test_int8_target_speculative_equals_its_plain_decoding(draft):
+    base = load_tiny("qwen2", eos=None, hidden=128)
     target = quantized_copy(base)
-    seq = PROMPT + [20, 21, 22, 23]
+    drafts = {"prompt-lookup": "prompt-lookup", "perturbed": quantized_copy(perturbed(base, 0.05)),
+              "hierarchy": [perturbed(base, 0.05), "prompt-lookup"]}
+    plain = specdec.generate(target, PROMPT, max_new_tokens=40)
+    for gamma in (2, 4, 8):
+        out = specdec.generate(target, PROMPT, draft=drafts[draft], gamma=gamma, max_new_tokens=40)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.exact and out.stats.not_exact_reason in (None, "")
+    assert out.stats.accepted > 0
 
-    def last_rows(model, k):
-        session, start = model.start(seq)
-        return session.forward(start, k)[-1]  # the last position's logits, computed in a pass of k tokens
 
-    assert torch.allclose(last_rows(base, 1), last_rows(base, 5), atol=1e-5)  # float model: block-invariant
-    assert not torch.equal(last_rows(target, 1), last_rows(target, 5))  # int8: the block changes the logits
-    out = specdec.generate(target, PROMPT, draft="prompt-lookup", gamma=4, max_new_tokens=30)
-    assert target.quantization == "int8" and not out.stats.exact
-    assert "dynamically quantized (int8)" in out.stats.not_exact_reason and "NOT EXACT" in out.stats.summary()
-    assert specdec.generate(target, PROMPT, max_new_tokens=5).stats.exact  # plain decoding is its own reference
+def test_int8_target_keeps_its_distribution():
+    """T = 1 with an int8 target and rounds of two drafted tokens: the joint law of two tokens is the
+    int8 target's own (computed exactly from its one-token steps)."""
+    target = quantized_copy(load_tiny(vocab=V, eos=None, sharp=2.0))
+    draft = perturbed(load_tiny(vocab=V, eos=None, sharp=2.0), 0.7, seed=3)
+    probs = exact_joint(target, SamplingParams(temperature=1.0))
+    counts = sampled_joint(target, draft, 2000, gamma=2, temperature=1.0)
+    assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
 
 
 def test_unknown_quantization():
     with pytest.raises(specdec.SpecDecError, match="unknown quantization 'int4'; use one of: int8, int8-tensor"):
         quantized_copy(load_tiny(), "int4")
+
+
+def test_a_loaded_model_is_not_quantized_silently():
+    model = load_tiny()
+    with pytest.raises(specdec.SpecDecError, match=r"tiny-llama is already loaded \(quantization: None\); to "
+                       r"quantize it, load its weights: specdec.load\(model.hf_model"):
+        specdec.load(model, quantize="int8")
 
 
 def _int8_weight(out_features=48, in_features=32, seed=0):
@@ -74,48 +175,36 @@ def _int8_weight(out_features=48, in_features=32, seed=0):
     return torch.quantize_per_channel(w, scales, torch.zeros(out_features, dtype=torch.long), 0, torch.qint8)
 
 
-def test_background_packed_linear_waits_for_its_packing_and_equals_torchs():
+def test_background_packed_linear_waits_for_its_packing():
     """A preset's int8 layer packs its weight on a thread (specdec.models.quantize); its first use waits."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from torch.ao.nn.quantized.dynamic import Linear
-
-    from specdec.models.quantize import BackgroundPackedLinear
-
     qweight, bias = _int8_weight(), torch.randn(48)
-    reference = Linear(32, 48)
-    reference.set_weight_bias(qweight, bias)
+    reference = Int8Linear.from_qweight(qweight, bias)
     gate = threading.Event()
     with ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(gate.wait)  # the packing queues behind this job: not packed until the gate opens
-        layer = BackgroundPackedLinear(1, 1)
-        layer.in_features, layer.out_features = 32, 48
-        layer.pack_in_background(pool, qweight, bias)
+        layer = Int8Linear.from_qweight(qweight, bias, pool)
         assert not layer._packing.done()
         threading.Timer(0.2, gate.set).start()
         x = torch.randn(3, 32)
         assert torch.equal(layer(x), reference(x))  # forward waited for the packing
         assert layer._packing is None
-        assert torch.equal(layer.weight().int_repr(), qweight.int_repr()) and torch.equal(layer.bias(), bias)
-        # state_dict and copies wait too
+        assert torch.equal(layer.weight().int_repr(), qweight.int_repr()) and torch.equal(layer.bias, bias)
+        # the weight and copies wait too
         gate.clear()
         pool.submit(gate.wait)
-        other = BackgroundPackedLinear(1, 1)
-        other.pack_in_background(pool, qweight, bias)
+        other = Int8Linear.from_qweight(qweight, bias, pool)
         threading.Timer(0.2, gate.set).start()
-        weight, got_bias = other.state_dict()["_packed_params._packed_params"]
-        assert torch.equal(weight.int_repr(), qweight.int_repr()) and torch.equal(got_bias, bias)
+        assert torch.equal(other.weight().int_repr(), qweight.int_repr())
     assert torch.equal(copy.deepcopy(layer)(x), reference(x))
 
 
 def test_background_packing_error_is_raised_at_first_use():
     from concurrent.futures import ThreadPoolExecutor
 
-    from specdec.models.quantize import BackgroundPackedLinear
-
     with ThreadPoolExecutor(max_workers=1) as pool:
-        layer = BackgroundPackedLinear(1, 1)
-        layer.pack_in_background(pool, torch.randn(4, 4), None)  # not a quantized tensor: packing fails
-        with pytest.raises(RuntimeError, match="linear_prepack"):  # the packing's own error, not another
-            layer(torch.randn(1, 1))
+        layer = Int8Linear.from_qweight(torch.randn(4, 4), None, pool)  # not a quantized tensor: packing fails
+        with pytest.raises(specdec.SpecDecError, match="Int8Linear takes a qint8 weight, got torch.float32"):
+            layer(torch.randn(1, 4))

@@ -310,14 +310,13 @@ def _finish(run: _Run) -> GenerationOutput:
     stats.exact = config.exact
     if not config.exact:
         stats.not_exact_reason = f"lenience {config.lenience:g} < 1: the output does not follow the target's distribution"
-    if drafter is not None and getattr(target, "quantization", None):
-        # Dynamic int8 quantizes activations with one scale per forward pass, so the quantized target's
-        # logits for a token depend on how many tokens share that pass (1 in plain decoding, gamma + 1 in
-        # verification).
+    if drafter is not None and getattr(target, "quantization", None) and not getattr(target, "block_invariant", False):
+        # A quantized target whose activation scale spans the whole forward pass: its logits for a token
+        # depend on how many tokens share that pass (1 in plain decoding, gamma + 1 in verification).
         stats.exact = False
-        stats.not_exact_reason = (f"the target is dynamically quantized ({target.quantization}): its logits depend on "
-                                  "how many tokens a forward pass covers, so verification is not token-identical to "
-                                  "its own plain decoding")
+        stats.not_exact_reason = (f"the target is quantized ({target.quantization}) without block invariance: its "
+                                  "logits depend on how many tokens a forward pass covers, so verification is not "
+                                  "token-identical to its own plain decoding")
     level = drafter
     while level is not None:  # a draft with another tokenizer, at any level of a hierarchy
         stats.time_convert += getattr(level, "convert_seconds", 0.0)

@@ -79,7 +79,9 @@ def load(
       hub id (then it is used instead of reading the tokenizer again, as the CLI does after
       :func:`check_prompt` read it).
     dtype: ``"bf16"`` (default: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
-    quantize: None, or ``"int8"`` (dynamic int8 linear layers, CPU only; meant for drafts: see the README).
+    quantize: None, ``"int8"`` or ``"int8-tensor"``: int8 linear layers and row-wise attention, CPU only
+      (:mod:`specdec.models.quantize`): a block-invariant model, exact as a target (its speculative output
+      equals its own plain decoding) and a cheap draft.
     device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. None: auto
       for a model loaded by name; a model object stays where it is.
     engine, cuda_graphs, compile: how generations run (:meth:`LanguageModel.configure`); by default the
@@ -88,6 +90,10 @@ def load(
     if isinstance(source, LanguageModel):
         if device is not None and resolve_device(device) != source.device:
             raise SpecDecError(f"{source.name} is already loaded on {source.device}; load it again with device={device!r}")
+        if quantize is not None and quantize != source.quantization:
+            raise SpecDecError(f"{source.name} is already loaded (quantization: {source.quantization}); to quantize it, "
+                               f"load its weights: specdec.load(model.hf_model, tokenizer=model.tokenizer, "
+                               f"quantize={quantize!r}) (this quantizes that module in place)")
         if engine is not None or cuda_graphs is not None or compile:
             source.configure(engine, cuda_graphs, compile)
         return source

@@ -66,6 +66,9 @@ class LanguageModel:
         self.hf_model = hf_model.eval()
         self.tokenizer = tokenizer
         self.quantization: str | None = None  # set by specdec.models.quantize
+        # True when a k-token pass gives each position the logits of k one-token steps, bit for bit (the int8
+        # models: Int8Linear layers and row-wise attention); set by specdec.models.quantize.mark_quantized
+        self.block_invariant = False
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
         self.configure()
 
@@ -92,6 +95,10 @@ class LanguageModel:
         if compile and not cuda_graphs:
             raise SpecDecError("compile=True compiles the captured CUDA-graph steps: it needs a CUDA device")
         self.engine, self.cuda_graphs, self.compile = engine, bool(cuda_graphs), bool(compile)
+        if self.block_invariant:
+            from specdec.models.row_attention import use_row_attention
+
+            use_row_attention(self.hf_model, engine)
         self._caches: list[tuple[StaticKVCache, bool]] = []  # (cache, in use): the static caches, reused
         self._step = compiled_step() if self.compile else static_step
 
