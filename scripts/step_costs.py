@@ -2,6 +2,11 @@
 
     python scripts/step_costs.py                       # the Qwen pair in bf16, fp32 and int8; k = 1, 5, 7
     python scripts/step_costs.py --ks 1,2,3,5,7 --json out.json
+    python scripts/step_costs.py --models qwen2.5-coder-1.5b --formats bf16,int8,int8-per-pass --ks 1,5,8
+
+``int8-per-pass`` is the int8 model with torch's own per-pass activation scale (not block-invariant) and
+stock SDPA attention: what the block-invariant int8 form costs over it. The last column says whether the
+logits of the widest pass equal that many one-token steps bit for bit (the int8 target's exactness).
 
 Speculative decoding pays when the target verifies gamma + 1 tokens for little more than the price of
 one (the paper's assumption, s = 0 in :mod:`specdec.analysis`). Whether it does depends on the CPU's
@@ -20,7 +25,36 @@ import torch
 import specdec
 from specdec.bench.timing import forward_time
 
-FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"}}
+FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"},
+           "int8-per-pass": {"quantize": "int8"}}
+
+
+def per_pass(model: specdec.LanguageModel) -> specdec.LanguageModel:
+    """The int8 ``model`` with torch's per-pass activation scale and transformers' SDPA attention."""
+    from specdec.models.quantize import Int8Linear
+
+    for layer in model.hf_model.modules():
+        if isinstance(layer, Int8Linear):
+            layer.pinned = False
+    model.block_invariant = False
+    model.hf_model.set_attn_implementation("sdpa")
+    return model
+
+
+def block_equals_steps(model: specdec.LanguageModel, k: int, context: int) -> tuple[bool, float]:
+    """Whether one k-token pass gives the logits of k one-token steps bit for bit; the largest difference."""
+    ids = list(range(1000, 1000 + context + k))
+    out = []
+    for widths in ([1] * k, [k]):
+        session, _ = model.start(ids, len(ids) + 1)
+        session.prefill(ids[:context])
+        at, rows = context, []
+        for w in widths:
+            rows.append(session.extend(ids[at:at + w], w))
+            at += w
+        session.close()
+        out.append(torch.cat(rows).float())
+    return torch.equal(out[0], out[1]), float((out[0] - out[1]).abs().max())
 
 
 def step_ms(model: specdec.LanguageModel, k: int, context: int, reps: int) -> float:
@@ -41,18 +75,23 @@ def main() -> int:
     ks = sorted({1, *(int(k) for k in args.ks.split(","))})
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}; {args.context} cached tokens, median of {args.reps}")
-    print("| model | format | " + " | ".join(f"k={k} ms" for k in ks) + f" | T({ks[-1]}) / T(1) | s |")
-    print("|---|---|" + "---|" * (len(ks) + 2))
+    print("| model | format | " + " | ".join(f"k={k} ms" for k in ks)
+          + f" | T({ks[-1]}) / T(1) | s | {ks[-1]}-token pass = {ks[-1]} steps? |")
+    print("|---|---|" + "---|" * (len(ks) + 3))
     rows = []
     for name in args.models.split(","):
         for fmt in args.formats.split(","):
             model = specdec.load(name, **FORMATS[fmt])
+            if fmt == "int8-per-pass":
+                model = per_pass(model)
             ms = {k: step_ms(model, k, args.context, args.reps) for k in ks}
             ratio = ms[ks[-1]] / ms[1]
             s = (ratio - 1) / (ks[-1] - 1) if ks[-1] > 1 else 0.0
-            rows.append({"model": name, "format": fmt, "ms": ms, "ratio": ratio, "s": s})
-            print(f"| {name} | {fmt} | " + " | ".join(f"{ms[k]:.0f}" for k in ks) + f" | {ratio:.2f} | {s:.2f} |",
-                  flush=True)
+            same, diff = block_equals_steps(model, ks[-1], args.context)
+            rows.append({"model": name, "format": fmt, "ms": ms, "ratio": ratio, "s": s,
+                         "block_equals_steps": same, "max_abs_difference": diff})
+            print(f"| {name} | {fmt} | " + " | ".join(f"{ms[k]:.0f}" for k in ks) + f" | {ratio:.2f} | {s:.2f} | "
+                  + ("yes, bit for bit" if same else f"no: {diff:.3g}") + " |", flush=True)
             del model
     if args.json:
         with open(args.json, "w") as fh:

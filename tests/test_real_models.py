@@ -130,3 +130,34 @@ def test_qwen_pair_speculative_equals_plain_and_transformers():
         out = specdec.generate(target, CODE_PROMPT, draft=int8, gamma=gamma, gamma_schedule=schedule, max_new_tokens=n)
         assert out.token_ids == plain.token_ids, (gamma, schedule)
     assert out.stats.accepted > n / 2  # constant gamma 4: the int8 copy drafts most tokens the fp32 target picks
+
+
+def test_int8_targets_block_equals_one_token_steps_bit_for_bit():
+    """The real 0.5B in block-invariant int8: a k-token pass gives the logits of k one-token steps exactly
+    (k = 2..9, three prefix lengths, after a rolled-back detour)."""
+    from test_quantize import steps_and_block
+
+    model = specdec.load("qwen2.5-coder-0.5b", quantize="int8")
+    seq = model.encode(CODE_PROMPT + TEXT_PROMPT + CODE_PROMPT)
+    assert len(seq) >= 40
+    for prefix in (5, 17, 30):
+        for k in range(2, 10):
+            steps, block = steps_and_block(model, seq, prefix, k)
+            assert torch.equal(steps, block), (prefix, k, (steps - block).abs().max().item())
+
+
+@pytest.mark.parametrize("prompt", [CODE_PROMPT, TEXT_PROMPT])
+def test_int8_target_speculative_equals_its_plain_decoding(prompt):
+    """The int8 1.5B target with the int8 0.5B draft (adaptive and constant gamma), prompt lookup and a
+    hierarchy: token for token its own plain decoding, labelled exact."""
+    target = specdec.load("qwen2.5-coder-1.5b", quantize="int8")
+    draft = specdec.load("qwen2.5-coder-0.5b", quantize="int8")
+    assert target.block_invariant
+    n = 40
+    plain = specdec.generate(target, prompt, max_new_tokens=n)
+    for d, gamma, schedule in ((draft, 6, "adaptive"), (draft, 4, "constant"), ("prompt-lookup", 4, "constant"),
+                               ([draft, "prompt-lookup"], 6, "constant")):
+        out = specdec.generate(target, prompt, draft=d, gamma=gamma, gamma_schedule=schedule, max_new_tokens=n)
+        assert out.token_ids == plain.token_ids, (getattr(d, "name", d), gamma, schedule)
+        assert out.stats.exact
+    assert out.stats.accepted > 0

@@ -58,9 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the prompt and generated text), or a text file PATH")
     add_dtype_argument(parser)
     parser.add_argument("--quantize", default=None, metavar="METHOD",
-                        help="quantize the TARGET (opt-in: int8 or int8-tensor); every method then runs the quantized "
-                             "target, and with a draft the output is not exact even for it (dynamic int8 logits "
-                             "depend on how many tokens a pass covers)")
+                        help="quantize the TARGET (int8 or int8-tensor: the block-invariant int8 model); every method "
+                             "then runs the quantized target, and speculative output equals its plain decoding")
     parser.add_argument("--methods", default=None,
                         help=f"comma list out of: {', '.join(METHODS)} (default: all; llama-cpp only when "
                              "llama-cpp-python is installed and the target is a preset or a .gguf file)")

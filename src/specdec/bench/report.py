@@ -37,7 +37,7 @@ def table(result: dict[str, Any]) -> str:
         f"{cfg['n_prompts']} prompts x {cfg['repeats']} repeat(s), {cfg['max_new_tokens']} max new tokens, "
         f"gamma {cfg['gamma']}, temperature {cfg['temperature']}, {cfg['dtype']}, "
         f"{result['machine']['torch_threads']} torch threads; target {cfg['target']}"
-        + (f" quantized {cfg['target_quantize']} (opt-in; with a draft NOT exact even for the quantized model: see README)" if cfg.get("target_quantize") else "")
+        + (f" quantized {cfg['target_quantize']} (block-invariant: every method's output is the int8 model's own)" if cfg.get("target_quantize") else "")
         + f", draft {cfg['draft']}",
     ]
     notes.append("CPU utilization (process CPU s / wall s; about " + str(result["machine"]["torch_threads"])
@@ -120,7 +120,7 @@ def grid_markdown(result: dict[str, Any]) -> str:
     plain_quality = {r["temperature"]: r.get("quality") for r in rows if r["method"] == "specdec-plain"}
     lines = [
         f"Task {cfg['task']}: {cfg['task_source']}. Target {cfg['target']} ({cfg['dtype']}"
-        f"{', ' + cfg['target_quantize'] + ' opt-in' if cfg.get('target_quantize') else ''}), {cfg['n_prompts']} prompts "
+        f"{', ' + cfg['target_quantize'] if cfg.get('target_quantize') else ''}), {cfg['n_prompts']} prompts "
         f"x {cfg['repeats']} repeat(s), at most {cfg['max_new_tokens']} new tokens. Quality: {cfg['quality_note']}.",
     ]
     if spec:

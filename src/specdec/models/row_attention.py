@@ -7,8 +7,9 @@ whose linear layers are row-invariant (:class:`specdec.models.quantize.Int8Linea
 last place where a position's logits depend on what shares its pass; these functions remove it.
 
 Row i of a block (its absolute position is the cache's length before the pass plus i) attends through
-transformers' own SDPA function, called with that one query row and exactly the keys a one-token step at
-that position would see, so every row and every one-token step run the same kernel on the same shapes:
+one ``scaled_dot_product_attention`` call with that one query row (its heads packed per key/value head,
+as transformers' SDPA path does for a one-token query) and exactly the keys a one-token step at that
+position would see, so every row and every one-token step run the same kernel on the same shapes:
 
 - ``specdec_rows`` (the dynamic engine: the keys are exactly the filled cache): the keys up to the row's
   position, from the start of its sliding window on a sliding-window layer, with no mask (batch 1, no
@@ -29,6 +30,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from specdec.errors import SpecDecError
+
 try:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 except ImportError:  # pragma: no cover - an older transformers layout
@@ -38,10 +41,26 @@ DYNAMIC, STATIC = "specdec_rows", "specdec_rows_static"
 
 
 def _row(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-         kwargs: dict) -> torch.Tensor:
-    """One query row query [B, H, 1, D] over key/value [B, H_kv, L, D]; [B, 1, H, D]."""
-    out, _ = sdpa_attention_forward(module, query, key, value, mask, is_causal=False, **kwargs)
-    return out
+         scaling: float | None) -> torch.Tensor:
+    """One query row query [B, H, 1, D] over key/value [B, H_kv, L, D] (mask: None or [B, 1, 1, L]);
+    [B, H, D]. The query heads that share a key/value head attend together (as transformers' SDPA path
+    packs a one-token query): [B, H_kv, H / H_kv, D] against [B, H_kv, L, D]."""
+    batch, heads, _, dim = query.shape
+    packed = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, heads, value.shape[-1])
+
+
+def _check(kwargs: dict) -> None:
+    for name in ("softcap", "s_aux", "sinks"):
+        if kwargs.get(name) is not None:
+            raise SpecDecError(f"row-wise attention (the int8 models) does not support {name}; load this model "
+                               "without quantize=")
+
+
+def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
+    """[B, H, D] per row -> [B, q, H, D] (the layout transformers' attention functions return)."""
+    return rows[0][:, None] if len(rows) == 1 else torch.stack(rows, dim=1)
 
 
 def rows_dynamic(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -50,14 +69,15 @@ def rows_dynamic(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     q, length = query.shape[2], key.shape[2]
     if q == length and q > 1:  # a pass from position 0: the prefill, the usual causal kernel
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    kwargs.pop("is_causal", None)
+    _check(kwargs)
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    scaling = kwargs.get("scaling")
     rows = []
     for i in range(q):
         end = length - q + i + 1  # the keys of positions 0 .. the row's own
         start = max(0, end - window) if window else 0  # a sliding-window layer sees the last `window`
-        rows.append(_row(module, query[:, :, i:i + 1], key[:, :, start:end], value[:, :, start:end], None, kwargs))
-    return (rows[0] if q == 1 else torch.cat(rows, dim=1)), None  # [B, q, H, D]
+        rows.append(_row(module, query[:, :, i:i + 1], key[:, :, start:end], value[:, :, start:end], None, scaling))
+    return _stack(rows), None  # [B, q, H, D]
 
 
 def rows_static(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -66,10 +86,11 @@ def rows_static(module: Any, query: torch.Tensor, key: torch.Tensor, value: torc
     cache's: which positions each row sees)."""
     if attention_mask is None:
         return rows_dynamic(module, query, key, value, attention_mask, **kwargs)
-    kwargs.pop("is_causal", None)
-    q = query.shape[2]
-    rows = [_row(module, query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], kwargs) for i in range(q)]
-    return (rows[0] if q == 1 else torch.cat(rows, dim=1)), None
+    _check(kwargs)
+    scaling = kwargs.get("scaling")
+    rows = [_row(module, query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
+            for i in range(query.shape[2])]
+    return _stack(rows), None
 
 
 AttentionInterface.register(DYNAMIC, rows_dynamic)
