@@ -244,14 +244,24 @@ def test_new_files_give_what_the_old_path_gave(monkeypatch, old_folders, preset,
     folder = new_root / "models" / preset
     assert (folder / VARIANTS[variant]).is_file()
     _assert_same_tensors(new.hf_model, old)
-    assert new.hf_model.config._attn_implementation == old.config._attn_implementation
+    if kwargs.get("quantize"):  # the int8 layers' weights are not in the state dict: compare them here
+        from specdec.models.quantize import Int8Linear
+
+        old_layers = dict(old.named_modules())
+        for name, layer in new.hf_model.named_modules():
+            if isinstance(layer, Int8Linear):
+                _assert_same_tensors_tuple(layer._weight_bias(), old_layers[name]._weight_bias(), name)
+        # the int8 model attends row by row (block-invariant); the old path's attention was transformers'
+        assert new.hf_model.config._attn_implementation == "specdec_rows"
+    else:
+        assert new.hf_model.config._attn_implementation == old.config._attn_implementation
     if preset == "smollm2-135m":  # (the old folders here lack the extra end tokens the conversion adds)
         assert new.eos_token_ids == {0, 2} and new.vocab_size == 49152
     if kwargs.get("quantize"):
         assert new.quantization == kwargs["quantize"] and new.name == f"{preset}+{kwargs['quantize']}"
-        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+        from specdec.models.quantize import Int8Linear
 
-        assert isinstance(new.hf_model.model.layers[0].mlp.down_proj, DynamicLinear)  # the dynamic int8 kernel
+        assert isinstance(new.hf_model.model.layers[0].mlp.down_proj, Int8Linear)  # the int8 kernel
     if preset == "gemma3-270m":
         from safetensors import safe_open
 
@@ -261,6 +271,10 @@ def test_new_files_give_what_the_old_path_gave(monkeypatch, old_folders, preset,
     assert torch.equal(_logits(new.hf_model, ids), _logits(old, ids))
     # the same tokens from specdec's own decoding loop (old model wrapped as the old load() did)
     old_lm = specdec.load(old, tokenizer=new.tokenizer, name="old")
+    if kwargs.get("quantize"):
+        from specdec.models.quantize import mark_quantized
+
+        mark_quantized(old_lm, kwargs["quantize"])  # as load(quantize=) does: row-wise attention
     cfg = specdec.GenerationConfig(max_new_tokens=8)
     assert specdec.generate(new, "def fib(n):", config=cfg).token_ids == specdec.generate(old_lm, "def fib(n):", config=cfg).token_ids
     assert new.load_seconds > 0

@@ -168,7 +168,11 @@ def draft_spec(args: argparse.Namespace) -> str:
 
 def _target_quantization(args: argparse.Namespace) -> str | None:
     """--quantize: None (the default) or 'none' leave the target as it is."""
-    return None if args.quantize is None or str(args.quantize).lower() == "none" else args.quantize
+    method = None if args.quantize is None or str(args.quantize).lower() == "none" else args.quantize
+    if method == "llama-cpp":
+        raise SpecDecError("--quantize llama-cpp: llama.cpp runs drafts only (its multi-token passes are not "
+                           "block-invariant); use --quantize int8 for the target and :llama-cpp on a --draft level")
+    return method
 
 
 def _check_models(args: argparse.Namespace) -> None:

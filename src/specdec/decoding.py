@@ -113,6 +113,7 @@ def generate(
         raise SpecDecError("pass either config= or keyword options, not both")
     _check_names(target, draft)
     target = load(target)
+    check_target(target)
     drafter = make_drafter(draft, target, inner_gamma=config.gamma)
     prompt_ids = _prompt_ids(target, prompt, config)
     seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -125,6 +126,14 @@ def generate(
     finally:
         run.close()
     return _finish(run)
+
+
+def check_target(target: Any) -> None:
+    """A llama.cpp model drafts only: its batched passes are not block-invariant, so it cannot verify."""
+    if getattr(target, "quantization", None) == "llama-cpp":
+        raise SpecDecError(f"{target.name} runs in llama.cpp, which specdec uses for drafts only (its multi-token "
+                           "passes differ from its one-token steps, so verification would not be exact); load "
+                           "the target with quantize='int8' (--quantize int8) or in bf16")
 
 
 def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence[int],

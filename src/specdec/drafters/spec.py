@@ -2,8 +2,9 @@
 
     SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
     LEVEL := NAME [":" QUANT]         NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
-                                      drafter (prompt-lookup, unigram, bigram, random); QUANT: int8 or
-                                      int8-tensor (model levels only; without it the model runs unquantized)
+                                      drafter (prompt-lookup, unigram, bigram, random); QUANT: int8,
+                                      int8-tensor or llama-cpp (model levels only; without it the model
+                                      runs unquantized; llama-cpp: its GGUF in llama.cpp)
 
 e.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``qwen2.5-coder-0.5b:int8<-prompt-lookup`` (quote
 it in a shell), ``bigram``, ``smollm2-135m:int8`` (a draft with another tokenizer). ``none`` means plain
@@ -16,7 +17,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specdec.errors import SpecDecError
 
-QUANTIZATIONS = ("int8", "int8-tensor")
+QUANTIZATIONS = ("int8", "int8-tensor", "llama-cpp")  # llama-cpp: the GGUF run by llama.cpp
 HIERARCHY_ARROW = "<-"
 PLAIN = "none"  # no draft: plain decoding
 

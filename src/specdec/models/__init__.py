@@ -81,12 +81,15 @@ def load(
     dtype: ``"bf16"`` (default: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
     quantize: None, ``"int8"`` or ``"int8-tensor"``: int8 linear layers and row-wise attention, CPU only
       (:mod:`specdec.models.quantize`): a block-invariant model, exact as a target (its speculative output
-      equals its own plain decoding) and a cheap draft.
+      equals its own plain decoding) and a cheap draft. ``"llama-cpp"``: a preset's GGUF (or a .gguf file)
+      run by llama.cpp (:mod:`specdec.models.llama_cpp`), for drafts only (needs ``specdec[llama]``).
     device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. None: auto
       for a model loaded by name; a model object stays where it is.
     engine, cuda_graphs, compile: how generations run (:meth:`LanguageModel.configure`); by default the
       static cache with CUDA graphs on CUDA, the dynamic cache on CPU, not compiled.
     """
+    if getattr(source, "quantization", None) == LLAMA_CPP and not isinstance(source, (str, os.PathLike)):
+        return source  # a llama.cpp model, loaded (a draft)
     if isinstance(source, LanguageModel):
         if device is not None and resolve_device(device) != source.device:
             raise SpecDecError(f"{source.name} is already loaded on {source.device}; load it again with device={device!r}")
@@ -99,6 +102,8 @@ def load(
         return source
     target_device = resolve_device(device) if device is not None else None
     _check_quantize(quantize, target_device)
+    if quantize == LLAMA_CPP:
+        return _load_llama_cpp(source, tokenizer, name)
     if isinstance(source, torch.nn.Module):
         if tokenizer is None:
             raise SpecDecError("specdec.load(model) needs the model's tokenizer: specdec.load(model, tokenizer=tok)")
@@ -204,8 +209,20 @@ def check_prompt(source: str | os.PathLike, prompt: str, *, chat: bool = False) 
     return tokenizer
 
 
+LLAMA_CPP = "llama-cpp"  # quantize= value: the model's GGUF run by llama.cpp (drafts only)
+
+
 def _check_quantize(quantize: str | None, device: torch.device | None) -> None:
     if quantize is None:
+        return
+    if quantize == LLAMA_CPP:
+        from specdec.models.llama_cpp import INSTALL, installed
+
+        if not installed():
+            raise SpecDecError(f"quantize='llama-cpp' runs the model's GGUF with llama.cpp, which needs "
+                               f"llama-cpp-python: {INSTALL}")
+        if device is not None and device.type != "cpu":
+            raise SpecDecError("quantize='llama-cpp' runs on the CPU; drop it for a GPU")
         return
     from specdec.models.quantize import check_method
 
@@ -213,6 +230,33 @@ def _check_quantize(quantize: str | None, device: torch.device | None) -> None:
     if (device or resolve_device("auto")).type != "cpu":
         raise SpecDecError(f"quantize={quantize!r} (dynamic int8) runs on CPU only; on a GPU load the draft in bf16 "
                            "(drop --draft-quantize / quantize=) or pass device='cpu'")
+
+
+def _load_llama_cpp(source: Any, tokenizer: Any, name: str | None) -> Any:
+    """A preset's packaged GGUF or a .gguf file in llama.cpp (:mod:`specdec.models.llama_cpp`), with its
+    tokenizer (a preset's converted folder's, read once and shared with the target's where identical)."""
+    from transformers import AutoTokenizer
+
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    text = str(source) if isinstance(source, (str, os.PathLike)) else ""
+    kind = source_kind(text) if text else None
+    if kind == "preset":
+        from specdec.models.presets import converted_folder, preset_gguf, resolve_preset
+
+        gguf = preset_gguf(text)
+        folder = converted_folder(text) or resolve_preset(text, variant="int8")  # (for its tokenizer files)
+        tokenizer = tokenizer or _preset_tokenizer(folder, AutoTokenizer.from_pretrained)
+    elif kind == "gguf":
+        gguf = Path(text).expanduser()
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    else:
+        raise SpecDecError(f"quantize='llama-cpp' runs a GGUF file: give a preset name ({', '.join(_preset_names())}) "
+                           f"or a .gguf path, not {source!r}")
+    started = time.perf_counter()
+    model = LlamaCppModel(gguf, tokenizer, f"{name or text}+llama-cpp")
+    model.load_seconds = time.perf_counter() - started
+    return model
 
 
 def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: str, device: torch.device,

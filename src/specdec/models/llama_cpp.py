@@ -1,0 +1,181 @@
+"""A GGUF model run by llama.cpp (llama-cpp-python, the optional extra ``specdec[llama]``), as a DRAFT.
+
+llama.cpp's one-token step is the fastest on a CPU (the Qwen2.5-Coder 0.5B Q4_K_M: about 30 ms on an
+AVX2 EPYC, against 86 ms for torch's int8), and with a block-invariant int8 target whose verification
+costs little more than one step, the draft's single-token step decides the speed-up (Theorem 8: c).
+A draft never changes the output, so llama.cpp's own arithmetic (its batched kernels are not
+block-invariant) does not matter here; a llama.cpp model is refused as a target.
+
+:class:`LlamaCppModel` answers what :class:`~specdec.drafters.model.ModelDrafter` asks of a model
+(``start`` -> a session with ``prefill`` / ``extend`` / ``rollback``), so it drafts through the same
+drafter as a torch model, hierarchies included. q comes from its logits exactly as for a torch draft;
+rollback removes the forgotten positions from llama.cpp's KV cache (``llama_memory_seq_rm``), which is
+bookkeeping there too.
+
+In a draft specification: ``qwen2.5-coder-0.5b:llama-cpp`` (a preset's packaged GGUF) or
+``/path/model.gguf:llama-cpp``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from specdec.errors import SpecDecError
+
+INSTALL = ("pip install 'specdec[llama]' (or pip install llama-cpp-python==0.3.36; it builds from source in "
+           "about 4 minutes)")
+
+
+def installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None) -> Any:
+    """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt).
+
+    extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts): off unless this is True
+    or the environment sets ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``; why they are off by default (a crash in
+    the AMX kernel, no speed gain, other greedy outputs) is in docs/BENCHMARKING.md.
+    """
+    try:
+        import llama_cpp
+        from llama_cpp import llama_cpp as low_level  # where Llama() reads its default model parameters
+    except ImportError:
+        raise SpecDecError(f"llama.cpp needs llama-cpp-python: {INSTALL}") from None
+    if extra_buffers is None:
+        extra_buffers = os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS", "0") == "1"
+    defaults = low_level.llama_model_default_params
+
+    def model_params() -> Any:
+        params = defaults()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = extra_buffers
+        return params
+
+    low_level.llama_model_default_params = model_params
+    try:
+        return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                               seed=seed, verbose=False)
+    finally:
+        low_level.llama_model_default_params = defaults
+
+
+class LlamaCppSession:
+    """One sequence in llama.cpp's KV cache (sequence 0 of its context), with specdec's session calls."""
+
+    def __init__(self, model: "LlamaCppModel"):
+        self.model = model
+        self.llm = model.llm
+        self.length = 0
+        self.forward_passes = 0
+        self.last_pass_tokens = 0
+        self.llm.reset()
+        self.llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor | None:
+        if len(ids) == 0:
+            return None
+        return self.extend(ids, 1)[0]
+
+    def extend(self, tokens: torch.Tensor | Sequence[int], n_logits: int = 1) -> torch.Tensor:
+        """Feed ``tokens`` [k] after the cached positions; logits [n_logits, V] (float32, CPU) of the last ones."""
+        ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]  # (CPU only)
+        k = len(ids)
+        if not 1 <= n_logits <= k:
+            raise ValueError(f"asked for {n_logits} logits of {k} new tokens")
+        llm, ctx, n_vocab = self.llm, self.llm._ctx, self.model.vocab_size
+        if self.length + k > self.model.n_ctx:
+            raise SpecDecError(f"{self.model.name} holds {self.model.n_ctx} positions; {self.length + k} asked")
+        llm.n_tokens = self.length  # eval() forgets the cache from here on (llama_memory_seq_rm)
+        if n_logits == 1:
+            llm.eval(ids)  # in batches of n_batch; logits of the last token only
+            rows = [ctx.get_logits_ith(-1)]
+        else:  # a verifying level of a hierarchy: logits of several positions in one batch
+            if k > llm.n_batch:
+                raise SpecDecError(f"{self.model.name}: a pass of {k} tokens exceeds llama.cpp's batch of {llm.n_batch}")
+            ctx.kv_cache_seq_rm(-1, self.length, -1)
+            llm._batch.set_batch(batch=ids, n_past=self.length, logits_all=True)
+            ctx.decode(llm._batch)
+            llm.n_tokens = self.length + k
+            rows = [ctx.get_logits_ith(j) for j in range(k - n_logits, k)]
+        logits = torch.from_numpy(np.stack([np.ctypeslib.as_array(r, shape=(n_vocab,)) for r in rows]))  # a copy
+        self.length += k
+        self.forward_passes += 1
+        self.last_pass_tokens = k
+        return logits  # [n_logits, V]
+
+    def rollback(self, length: int) -> None:
+        if length < 0:
+            raise ValueError(f"cannot roll back to a negative length {length}")
+        if length < self.length:
+            self.llm._ctx.kv_cache_seq_rm(-1, length, -1)
+            self.length = length
+            self.llm.n_tokens = length
+
+    def close(self) -> None:
+        return None
+
+
+class LlamaCppModel:
+    """A GGUF model in llama.cpp with the tokenizer specdec compares against the target's."""
+
+    is_encoder_decoder = False
+    quantization = "llama-cpp"
+    block_invariant = False
+    engine = "llama.cpp"
+    cuda_graphs = False
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    def __init__(self, gguf: str | Path, tokenizer: Any, name: str, n_ctx: int = 4096, threads: int | None = None):
+        self.gguf = Path(gguf)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.n_ctx = n_ctx
+        self.llm = load_llama_cpp(self.gguf, n_ctx, threads or torch.get_num_threads())
+        self.vocab_size = int(self.llm.n_vocab())
+        self._session: LlamaCppSession | None = None
+
+    def __repr__(self) -> str:
+        return f"LlamaCppModel({self.name!r}, {self.gguf.name})"
+
+    @property
+    def vocabulary_fingerprint(self) -> str:
+        from specdec.models.causal import LanguageModel
+
+        return LanguageModel.vocabulary_fingerprint.func(self)  # the same table hash as a torch model's
+
+    @property
+    def max_context(self) -> int:
+        return self.n_ctx
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        eos = self.llm.token_eos()
+        return {int(eos)} if eos is not None and eos >= 0 else set()
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        from specdec.models.causal import encode_text
+
+        return encode_text(self.tokenizer, text, chat, self.name)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def start(self, prompt_ids: Sequence[int], max_positions: int | None = None) -> tuple[LlamaCppSession, list[int]]:
+        """A fresh session (llama.cpp has one context: a new session forgets the previous one's cache)."""
+        if max_positions is not None and max_positions > self.n_ctx:
+            raise SpecDecError(f"{self.name} was loaded with a context of {self.n_ctx} positions; this generation "
+                               f"may reach {max_positions}")
+        self._session = LlamaCppSession(self)
+        return self._session, list(prompt_ids)
+
+    def prepare_steps(self, widths: Sequence[int], max_positions: int | None = None) -> list[int]:
+        return []
