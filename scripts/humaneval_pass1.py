@@ -1,7 +1,8 @@
-"""HumanEval pass@1 (greedy) of the target as loaded normally and of its opt-in int8 quantization.
+"""HumanEval pass@1 (greedy) of the target as loaded normally and of its int8 quantization.
 
     python scripts/humaneval_pass1.py                                # Qwen2.5-Coder 1.5B, bf16 vs int8, 20 problems
     python scripts/humaneval_pass1.py --n-problems 40 --json docs/results/humaneval_int8_target.json
+    python scripts/humaneval_pass1.py --configs int8 --n-problems 164 --compare-with OLD.json  # bf16 from OLD
 
 Issue 7 asks how far the opt-in quantized target is from the original. Alpha and greedy agreement
 (docs/results/alpha_int8_target.json) measure distance; this measures what a user of a code model cares
@@ -24,18 +25,22 @@ from specdec.bench.metrics import humaneval_results
 from specdec.bench.tasks import HUMANEVAL_STOPS, load_humaneval
 
 CONFIGS = {
-    # name: (target quantization, use --draft)
-    "bf16": (None, True),
-    "int8": ("int8", False),
+    # name: (target quantization, its draft option); both drafts are exact (they change the speed, not
+    # the tokens: the int8 target is block-invariant)
+    "bf16": (None, "draft"),
+    "int8": ("int8", "int8_draft"),
 }
 
 
 def run(config: str, args: argparse.Namespace, problems) -> dict:
-    quantize, may_draft = CONFIGS[config]
+    quantize, draft_option = CONFIGS[config]
     target = specdec.load(args.target, dtype=args.dtype, **({"quantize": quantize} if quantize else {}))
+    spec = getattr(args, draft_option)
     draft = None
-    if may_draft and args.draft != "none":
-        draft = specdec.load(args.draft, dtype=args.dtype, quantize="int8")
+    if spec != "none":
+        from specdec.drafters.spec import load_draft
+
+        draft = load_draft(spec if ":" in spec else f"{spec}:int8", target)
     rows = []
     t_all = time.perf_counter()
     for i, problem in enumerate(problems, 1):
@@ -60,6 +65,10 @@ def main() -> int:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b",
                         help="int8 draft for the unquantized target (speed only; 'none' for plain decoding)")
+    parser.add_argument("--int8-draft", default="qwen2.5-coder-0.5b:int8",
+                        help="draft for the int8 target (speed only: exact), e.g. qwen2.5-coder-0.5b:llama-cpp; 'none'")
+    parser.add_argument("--compare-with", default=None, metavar="JSON",
+                        help="an earlier run's --json whose runs (same problems and settings) join this one's")
     parser.add_argument("--gamma", type=int, default=6)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
@@ -69,7 +78,18 @@ def main() -> int:
     args = parser.parse_args()
 
     problems = load_humaneval(args.n_problems)
-    runs = {config: run(config, args, problems) for config in args.configs}
+    runs = {}
+    if args.compare_with:
+        with open(args.compare_with) as fh:
+            earlier = json.load(fh)["runs"]
+        runs.update({config: r for config, r in earlier.items() if config not in args.configs})
+        for r in runs.values():
+            r["rows"] = r["rows"][: len(problems)]
+            r["passed"] = sum(row["result"] == "passed" for row in r["rows"])
+            r["problems"] = len(r["rows"])
+            r["from"] = args.compare_with
+    runs.update({config: run(config, args, problems) for config in args.configs})
+    runs = {config: runs[config] for config in CONFIGS if config in runs}
     result = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": vars(args),
               "runs": runs}
     if len(runs) >= 2:
