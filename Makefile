@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup test-setup demo test bench clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,14 @@ setup: $(BIN)/python
 demo: setup
 	$(BIN)/specdec generate "def quicksort(arr):" --max-new-tokens 64
 
+# The tests also run the llama.cpp drafter (the optional extra specdec[llama]; it builds from source in
+# about 5 minutes on 2 cores), so `make test` installs it; `make demo` does not need it.
+test-setup: setup
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python==0.3.36'
+
 # Two workers, one test file each at a time (module fixtures load a model once per file): most tests
 # are tiny models bound by Python overhead, so two processes use two cores where one would use one.
-test: setup
+test: test-setup
 	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
 
 bench: setup

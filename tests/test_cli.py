@@ -166,6 +166,7 @@ def test_default_gamma_and_schedule_follow_the_draft():
     assert default == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE) == (6, "adaptive")
     assert speculation_defaults("m:int8", gamma=3) == (3, None)  # gamma alone: constant, as in the paper
     assert speculation_defaults("m:int8", gamma_schedule="heuristic") == (6, "heuristic")
+    assert speculation_defaults("m:llama-cpp") == (6, "adaptive")  # a llama.cpp model draft: the same
     assert speculation_defaults("prompt-lookup") == (None, None)  # the library defaults: 4, constant
     assert speculation_defaults("a:int8<-prompt-lookup", gamma=5) == (5, None)  # a hierarchy
     assert speculation_defaults("a:int8<-prompt-lookup") == (None, None)

@@ -168,6 +168,8 @@ def draft_spec(args: argparse.Namespace) -> str:
 
 def _target_quantization(args: argparse.Namespace) -> str | None:
     """--quantize: None (the default) or 'none' leave the target as it is."""
+    from specdec.errors import SpecDecError
+
     method = None if args.quantize is None or str(args.quantize).lower() == "none" else args.quantize
     if method == "llama-cpp":
         raise SpecDecError("--quantize llama-cpp: llama.cpp runs drafts only (its multi-token passes are not "

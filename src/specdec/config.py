@@ -44,7 +44,7 @@ def default_draft(device: Any = None) -> str:
 def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,
                          num_beams: int | None = None) -> tuple[int | None, str | None]:
     """(gamma, gamma_schedule) for ``draft`` (a draft specification, see specdec.drafters.spec); None leaves
-    the GenerationConfig default. One int8 model draft outside beam search starts at INT8_DRAFT_GAMMA and,
+    the GenerationConfig default. One int8 (or llama.cpp) model draft outside beam search starts at INT8_DRAFT_GAMMA and,
     when gamma is not given either, adapts (INT8_DRAFT_SCHEDULE); every other draft keeps the defaults.
     A given gamma alone drafts a constant gamma, as in the paper."""
     from specdec.drafters.spec import is_plain, parse_spec
@@ -52,7 +52,7 @@ def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: s
     if not isinstance(draft, str) or is_plain(draft) or gamma is not None or (num_beams or 1) > 1:
         return gamma, gamma_schedule
     levels = parse_spec(draft)  # a quantized level is a model level: the parser refuses quantized drafters
-    if len(levels) != 1 or levels[0].quantize != "int8":
+    if len(levels) != 1 or levels[0].quantize not in ("int8", "llama-cpp"):
         return gamma, gamma_schedule
     return INT8_DRAFT_GAMMA, gamma_schedule or INT8_DRAFT_SCHEDULE
 

@@ -19,7 +19,6 @@ tokenization happens once beforehand and every method gets the same prompt token
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -165,35 +164,13 @@ def target_gguf(target: LanguageModel | str) -> Path:
 
 
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffers: bool | None = None) -> Any:
-    """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt).
+    """A ``llama_cpp.Llama`` for ``gguf``: :func:`specdec.models.llama_cpp.load_llama_cpp`, its error naming
+    this method."""
+    from specdec.models.llama_cpp import INSTALL, installed, load_llama_cpp as load
 
-    extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts): off unless this is True
-    or the environment sets ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``; why they are off by default (a crash in
-    the AMX kernel, no speed gain, other greedy outputs) is in docs/BENCHMARKING.md.
-    """
-    try:
-        import llama_cpp
-        from llama_cpp import llama_cpp as low_level  # where Llama() reads its default model parameters
-    except ImportError:
-        raise specdec.SpecDecError(
-            "the llama-cpp method needs llama-cpp-python: pip install 'specdec[llama]' (or "
-            "pip install llama-cpp-python==0.3.36; it builds from source in about 4 minutes)") from None
-    if extra_buffers is None:
-        extra_buffers = os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS", "0") == "1"
-    defaults = low_level.llama_model_default_params
-
-    def model_params() -> Any:
-        params = defaults()
-        if hasattr(params, "use_extra_bufts"):
-            params.use_extra_bufts = extra_buffers
-        return params
-
-    low_level.llama_model_default_params = model_params
-    try:
-        return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                               seed=seed, verbose=False)
-    finally:
-        low_level.llama_model_default_params = defaults
+    if not installed():
+        raise specdec.SpecDecError(f"the llama-cpp method needs llama-cpp-python: {INSTALL}")
+    return load(gguf, n_ctx, threads, seed, extra_buffers)
 
 
 def llama_cpp_runner(llm: Any, eos_token_ids: set[int], s: Settings) -> Runner:

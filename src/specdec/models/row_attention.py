@@ -33,7 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specdec.errors import SpecDecError
 
 try:
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 except ImportError:  # pragma: no cover - an older transformers layout
     AttentionMaskInterface = None
 

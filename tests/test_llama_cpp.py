@@ -1,0 +1,85 @@
+"""llama.cpp drafts (``:llama-cpp``, the optional extra specdec[llama]): a preset's GGUF in llama-cpp-python
+behind the session interface. Without llama-cpp-python the error says how to install it; with it (the real
+0.5B GGUF), rollback is exact bookkeeping and the int8 target's output is its own plain decoding."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.models import llama_cpp
+
+CODE_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+needs_llama = pytest.mark.skipif(not llama_cpp.installed(), reason="llama-cpp-python is not installed "
+                                 "(pip install 'specdec[llama]')")
+
+
+def test_without_llama_cpp_python_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(llama_cpp, "installed", lambda: False)
+    with pytest.raises(specdec.SpecDecError, match=r"quantize='llama-cpp' runs the model's GGUF with llama.cpp, "
+                       r"which needs llama-cpp-python: pip install 'specdec\[llama\]'"):
+        specdec.load("qwen2.5-coder-0.5b", quantize="llama-cpp")
+    from specdec.drafters.spec import check_draft
+
+    with pytest.raises(specdec.SpecDecError, match="needs llama-cpp-python"):
+        check_draft("qwen2.5-coder-0.5b:llama-cpp<-prompt-lookup")
+    check_draft("qwen2.5-coder-0.5b:int8<-prompt-lookup")  # everything else works without it
+
+
+def test_a_llama_cpp_model_is_refused_as_the_target(capsys):
+    from specdec.decoding import check_target
+
+    class Stand:  # what a loaded llama.cpp model says of itself
+        quantization, name = "llama-cpp", "qwen2.5-coder-0.5b+llama-cpp"
+
+    with pytest.raises(specdec.SpecDecError, match="runs in llama.cpp, which specdec uses for drafts only"):
+        check_target(Stand())
+    from specdec.cli import main
+
+    assert main(["generate", "x", "--quantize", "llama-cpp", "--max-new-tokens", "1"]) == 2
+    assert "specdec: error: --quantize llama-cpp: llama.cpp runs drafts only" in capsys.readouterr().err
+
+
+def test_only_gguf_sources_run_in_llama_cpp(tmp_path, monkeypatch):
+    monkeypatch.setattr(llama_cpp, "installed", lambda: True)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(specdec.SpecDecError, match="quantize='llama-cpp' runs a GGUF file: give a preset name"):
+        specdec.load(str(tmp_path), quantize="llama-cpp")
+
+
+@pytest.fixture(scope="module")
+def llama_draft():
+    return specdec.load("qwen2.5-coder-0.5b", quantize="llama-cpp")
+
+
+@needs_llama
+@pytest.mark.slow
+def test_llama_cpp_session_rolls_back_by_bookkeeping(llama_draft):
+    ids = llama_draft.encode(CODE_PROMPT)
+    session, _ = llama_draft.start(ids)
+    session.prefill(ids[:-4])
+    first = session.extend(ids[-4:-1], 1)  # [1, V]
+    assert first.shape == (1, llama_draft.vocab_size) and session.length == len(ids) - 1
+    session.extend([7, 8], 1)  # a detour, forgotten below
+    session.rollback(len(ids) - 4)
+    assert session.length == len(ids) - 4
+    assert torch.equal(session.extend(ids[-4:-1], 1), first)  # the same pass after rollback: the same logits
+    rows = session.extend([ids[-1], 11, 12], 3)  # several logits in one pass (a verifying hierarchy level)
+    session.rollback(len(ids) - 1)
+    step = session.extend([ids[-1]], 1)
+    assert rows.shape == (3, llama_draft.vocab_size)
+    assert torch.allclose(rows[0], step[0], atol=0.05)  # llama.cpp's batched kernels: close, not identical
+    assert int(rows[0].argmax()) == int(step[0].argmax())
+
+
+@needs_llama
+@pytest.mark.slow
+def test_int8_target_with_a_llama_cpp_draft_equals_its_plain_decoding(llama_draft):
+    target = specdec.load("qwen2.5-coder-1.5b", quantize="int8")
+    n = 40
+    plain = specdec.generate(target, CODE_PROMPT, max_new_tokens=n)
+    for draft, gamma, schedule in ((llama_draft, 6, "adaptive"), (llama_draft, 3, "constant"),
+                                   ([llama_draft, "prompt-lookup"], 4, "constant"),
+                                   ("qwen2.5-coder-0.5b:llama-cpp", 4, "constant")):
+        out = specdec.generate(target, CODE_PROMPT, draft=draft, gamma=gamma, gamma_schedule=schedule, max_new_tokens=n)
+        assert out.token_ids == plain.token_ids, (gamma, schedule)
+        assert out.stats.exact and out.stats.accepted > n / 2
