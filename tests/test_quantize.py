@@ -99,20 +99,49 @@ def test_the_per_pass_scale_breaks_block_invariance():
     assert torch.allclose(steps, block, atol=0.5)  # the same model, only rounded differently
 
 
-def test_row_attention_is_the_models_attention():
+@pytest.mark.parametrize("engine", ["dynamic", "static"])
+def test_row_attention_is_the_models_attention(engine):
     """The rows computed one by one equal transformers' SDPA attention over the block (to float rounding),
-    also past a sliding window."""
+    also past a sliding window; without a mask (the dynamic engine: keys sliced) and with one (the static
+    engine's position-indexed buffers)."""
     for kind in ("qwen2", "gemma3"):
         model = int8_tiny(kind)
-        _, rows = steps_and_block(model, SEQ, 17, 6)
+        _, rows = steps_and_block(model, SEQ, 17, 6, engine)
         stock = copy.copy(model)  # the same module, its attention left as transformers' SDPA
         stock.block_invariant = False
         model.hf_model.set_attn_implementation("sdpa")
-        _, sdpa = steps_and_block(stock, SEQ, 17, 6)
+        _, sdpa = steps_and_block(stock, SEQ, 17, 6, engine)
         assert model.hf_model.config._attn_implementation == "sdpa"
         model.configure("dynamic")
         assert model.hf_model.config._attn_implementation == "specdec_rows"
         assert torch.allclose(rows, sdpa, atol=1e-5)
+
+
+def test_int8_prefill_and_padded_batches_follow_the_models_masks():
+    """The prefill (the usual causal kernel, with the sliding window where the prompt is longer) and a
+    left-padded batch through transformers' generate (the mask path) equal transformers' SDPA attention."""
+    for kind in ("qwen2", "gemma3"):
+        model = int8_tiny(kind)
+        ids = torch.tensor([SEQ[:20], [3] * 5 + SEQ[:15]])  # the second row left-padded
+        mask = torch.ones_like(ids)
+        mask[1, :5] = 0
+        with torch.inference_mode():
+            rows = model.hf_model(input_ids=ids, attention_mask=mask).logits
+            model.hf_model.set_attn_implementation("sdpa")
+            sdpa = model.hf_model(input_ids=ids, attention_mask=mask).logits
+        model.configure("dynamic")
+        assert torch.allclose(rows[0], sdpa[0], atol=1e-5) and torch.allclose(rows[1, 5:], sdpa[1, 5:], atol=1e-5)
+
+
+def test_int8_target_beam_search_exact_speculative_equals_plain():
+    """Beam search runs its batch of rows through the masked path: exact speculative beam search with an
+    int8 target equals its plain beam search."""
+    base = load_tiny("qwen2", eos=None, hidden=128)
+    target = quantized_copy(base)
+    plain = specdec.generate(target, PROMPT, num_beams=3, max_new_tokens=16)
+    spec = specdec.generate(target, PROMPT, draft=perturbed(base, 0.05), num_beams=3, draft_beams=4, gamma=3,
+                            max_new_tokens=16)
+    assert spec.token_ids == plain.token_ids and spec.stats.exact
 
 
 def test_int8_layer_is_close_to_the_float_layer_and_row_independent():

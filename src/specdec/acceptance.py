@@ -15,6 +15,15 @@ Vocabulary of one verification step:
 Every step therefore emits n accepted tokens followed by exactly one target token (residual or
 bonus), between 1 and gamma + 1 tokens in all.
 
+Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025;
+``verification="block"``) decides on the whole block at once instead of token by token: with the running
+ratio p_0 = 1, p_i = min(1, p_{i-1} p(x_i) / q(x_i)), it keeps the longest prefix i whose draw eta_i falls
+under h_i = Z_i / (Z_i + 1 - p_i), Z_i = sum_x max(0, p_i p_i(x) - q_i(x)) (h_gamma = p_gamma), and
+replaces the next token by a sample from norm(max(0, p_tau p_tau(.) - q_tau(.))), or adds the bonus token
+after a whole block. The output is still exactly p's, and it accepts at least as many tokens in
+expectation as token verification. With a one-hot q (a draft without probabilities) and at temperature 0
+it is token verification (:func:`verify` runs that path).
+
 Lenience l in (0, 1] (paper Appendix A.5) multiplies q by l before it is compared with p: token x is
 accepted with probability min(1, p(x) / (l q(x))) and the residual is norm(max(0, p - l q)). No token
 is then emitted with probability above p(x) / l; l = 1 is the exact algorithm. At temperature 0,
@@ -168,6 +177,33 @@ class Verification:
         return tokens, n, packed[2 + gamma: 2 + gamma + min(n + 1, gamma)]
 
 
+VERIFICATIONS = ("token", "block")
+
+
+def block_acceptance(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor,
+                     eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's decision (Sun et al. 2025, Algorithm 2), on the device.
+
+    p: [gamma + 1, V] target distributions; q: [gamma, V] draft distributions; draft_tokens: [gamma];
+    eta: [gamma] uniform draws. Returns (tau, ratio): tau [] long, the number of drafted tokens accepted,
+    and ratio [gamma + 1], the running ratio p_0 = 1, p_i = min(1, p_{i-1} p(x_i) / q(x_i)).
+    """
+    gamma = draft_tokens.shape[0]
+    rows = torch.arange(gamma, device=p.device)
+    p_x, q_x = p[rows, draft_tokens], q[rows, draft_tokens]  # [gamma]
+    # log p_i = S_i - max(S_0..S_i) with S the cumulative sum of log(p/q) and S_0 = 0: the clipped recursion
+    log_ratio = torch.log(p_x) - torch.log(q_x)  # -inf where the target gives x_i no mass
+    s = torch.cat([log_ratio.new_zeros(1), torch.cumsum(log_ratio, 0)])  # [gamma + 1]
+    ratio = torch.exp(s - torch.cummax(s, 0).values).nan_to_num(nan=0.0)  # [gamma + 1]
+    z = (ratio[:gamma, None] * p[:gamma] - q).clamp_min(0.0).sum(-1)  # [gamma]: Z_i for i = 0..gamma-1
+    denominator = z + 1.0 - ratio[:gamma]
+    h = torch.where(denominator > 0, z / denominator.clamp_min(1e-30), torch.ones_like(z))  # [gamma], h_0 unused
+    h = torch.cat([h[1:], ratio[gamma:]])  # [gamma]: h_1 .. h_{gamma-1}, then h_gamma = p_gamma
+    steps = torch.arange(1, gamma + 1, device=p.device)  # [gamma]
+    tau = torch.where(eta <= h, steps, torch.zeros_like(steps)).max()  # the longest prefix whose draw passes
+    return tau, ratio
+
+
 def verify(
     logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -175,6 +211,7 @@ def verify(
     sampling: SamplingParams,
     generator: torch.Generator | None = None,
     lenience: float = 1.0,
+    verification: str = "token",
 ) -> Verification:
     """Algorithm 1's verification of one draft, computed on the logits' device without a host sync.
 
@@ -183,8 +220,11 @@ def verify(
     one-hot draft. At temperature 0 token ids are compared (:func:`greedy_verification`); otherwise
     speculative sampling (:func:`speculative_sampling`, Appendix A.1) runs with the same random draws
     in the same order, so on CPU it returns the very tokens the reference functions return.
-    Lenience l < 1 is Appendix A.5 (not exact).
+    Lenience l < 1 is Appendix A.5 (not exact). ``verification="block"`` is block verification (see the
+    module docstring; with q None or at temperature 0 it is token verification).
     """
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {', '.join(VERIFICATIONS)}, got {verification!r}")
     gamma = draft_tokens.shape[0]
     device = logits.device
     index = torch.arange(gamma + 1, device=device)  # [gamma + 1]
@@ -199,6 +239,8 @@ def verify(
         return Verification(tokens, n, ok.float())
 
     p = standardize(logits, sampling)  # [gamma + 1, V]
+    if verification == "block" and q is not None and gamma and lenience == 1.0:
+        return _verify_block(p, q, draft_tokens, generator, index, padded)
     p_x = p[index[:gamma], draft_tokens]  # [gamma]
     q_x = q[index[:gamma], draft_tokens] if q is not None else torch.ones_like(p_x)  # [gamma]
     r = torch.rand(gamma, generator=generator, dtype=p_x.dtype, device=device)  # [gamma], U[0, 1)
@@ -220,3 +262,20 @@ def verify(
     else:
         betas = acceptance_probability(p[:gamma], q, draft_tokens)
     return Verification(tokens, n, betas, p)
+
+
+def _verify_block(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator | None,
+                  index: torch.Tensor, padded: torch.Tensor) -> Verification:
+    """Block verification of a sampled draft: p [gamma + 1, V], q [gamma, V] (see :func:`block_acceptance`)."""
+    gamma = draft_tokens.shape[0]
+    eta = torch.rand(gamma, generator=generator, dtype=p.dtype, device=p.device)  # [gamma], U[0, 1)
+    tau, ratio = block_acceptance(p, q, draft_tokens, eta)
+    p_tau = p.index_select(0, tau.reshape(1))[0]  # [V]
+    q_padded = torch.cat([q, q.new_zeros(1, q.shape[-1])])  # [gamma + 1, V]
+    residual = (ratio.index_select(0, tau.reshape(1)) * p_tau - q_padded.index_select(0, tau.reshape(1))[0]).clamp_min(0.0)
+    mass = residual.sum()
+    residual = torch.where(mass <= RESIDUAL_EPS, p_tau, residual / mass)
+    final = torch.where(tau == gamma, p_tau, residual)  # bonus token from p_{gamma + 1}
+    t = sample(final, generator)  # []
+    tokens = torch.where(index < tau, padded, t)
+    return Verification(tokens, tau, acceptance_probability(p[:gamma], q, draft_tokens), p)

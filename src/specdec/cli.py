@@ -68,6 +68,10 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam-mode", default=None, choices=["exact", "report"],
                    help="exact (paper A.4, identical to plain beam search) or report (approximate Algorithm 2)")
     p.add_argument("--length-penalty", type=float, default=None, help="beam search length penalty (default 1.0)")
+    p.add_argument("--verification", default=None, choices=["token", "block"],
+                   help="token (Algorithm 1, the default) or block (Sun et al. 2025: the drafted block verified as a "
+                        "whole; exact too, never fewer accepted tokens in expectation; the same as token at "
+                        "temperature 0 and for drafts without probabilities)")
     p.add_argument("--lenience", type=float, default=None,
                    help="paper A.5: l in (0, 1]; below 1 trades exactness for speed (default 1 = exact)")
 
@@ -244,7 +248,8 @@ def _generate(args: argparse.Namespace) -> int:
         draft_spec(args), gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
         gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
-        lenience=args.lenience, num_beams=args.num_beams, draft_beams=args.draft_beams, beam_mode=args.beam_mode,
+        lenience=args.lenience, verification=args.verification, num_beams=args.num_beams,
+        draft_beams=args.draft_beams, beam_mode=args.beam_mode,
         length_penalty=args.length_penalty,
     )
     if not prompt.strip():

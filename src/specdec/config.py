@@ -75,6 +75,9 @@ class GenerationConfig:
     confidence: the confidence schedule's threshold on the draft's top probability, in (0, 1).
     lenience: l in (0, 1] (paper Appendix A.5). 1 is exact; below 1 the output is NOT the target's
       distribution any more (no token gets more than p(x) / l), and the stats say so.
+    verification: "token" (Algorithm 1: each drafted token in turn) or "block" (Sun et al. 2025: the block
+      as a whole; exact too, never fewer accepted tokens in expectation; the same as "token" at temperature
+      0 and for drafts without probabilities). See specdec.acceptance.
     num_beams: beam width w; > 1 runs beam search (specdec.beam), greedy only.
     draft_beams: the draft's beam width u >= w in exact speculative beam search (None: w).
     beam_mode: "exact" (paper A.4: identical to plain beam search) or "report" (the student report's
@@ -94,6 +97,7 @@ class GenerationConfig:
     max_gamma: int | None = None
     confidence: float = 0.5
     lenience: float = 1.0
+    verification: str = "token"
     num_beams: int = 1
     draft_beams: int | None = None
     beam_mode: str = "exact"
@@ -130,6 +134,12 @@ class GenerationConfig:
             raise SpecDecError(f"confidence must be in (0, 1), got {self.confidence!r}")
         if not isinstance(self.lenience, (int, float)) or not 0.0 < self.lenience <= 1.0:
             raise SpecDecError(f"lenience must be in (0, 1] (1 = exact), got {self.lenience!r}")
+        from specdec.acceptance import VERIFICATIONS
+
+        if self.verification not in VERIFICATIONS:
+            raise SpecDecError(f"verification must be one of {', '.join(VERIFICATIONS)}, got {self.verification!r}")
+        if self.verification == "block" and self.lenience < 1.0:
+            raise SpecDecError("lenience < 1 is a token-by-token rule: use verification='token' with it")
 
         if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)) or not math.isfinite(
                 self.length_penalty):
@@ -153,6 +163,7 @@ class GenerationConfig:
                     ("temperature > 0", self.temperature > 0 and self.beam_mode == "exact"),
                     ("top_k", self.top_k is not None), ("top_p < 1", self.top_p < 1.0),
                     ("lenience < 1", self.lenience < 1.0), ("stop strings", bool(self.stop)),
+                    ("verification='block'", self.verification == "block"),
                     (f"gamma_schedule={self.gamma_schedule}", self.gamma_schedule != "constant"),
                 ) if on
             ]

@@ -258,7 +258,8 @@ def _round(run: _Run) -> None:
     t1 = clock.mark()
     g = len(proposal)
     logits = run.session.extend(torch.cat([run.last, proposal.tokens]), g + 1)  # [g + 1, V]
-    result = verify(logits, proposal.tokens, proposal.q, config.sampling, run.generator, config.lenience)
+    result = verify(logits, proposal.tokens, proposal.q, config.sampling, run.generator, config.lenience,
+                    config.verification)
     t2 = clock.mark()
     new, n, betas = result.read()  # the round's one synchronization
     time_draft, time_target = clock.seconds(t0, t1), clock.seconds(t1, t2)

@@ -162,6 +162,7 @@ def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list
             "task": task.name, "temperature": temperature, "label": cell.label, "method": cell.method,
             "draft": cell.draft, "gamma": cell.gamma, "schedule": cell.schedule if cell.draft else None,
             "lenience": cell.lenience if cell.draft else None, "exact": cell.lenience == 1.0,
+            "verification": cell.verification if cell.draft else None,
             "runs": m["runs"], "new_tokens": m["new_tokens"], "seconds": m["seconds"],
             "tokens_per_second": m["tokens_per_second"],
             "speedup_vs_specdec_plain": ups[cell.label].get("vs_specdec-plain"),

@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma-schedules", default="constant",
                         help=f"comma list out of {', '.join(SCHEDULES)}; 'constant' runs every --gammas value, the "
                              "others start at --gamma (default: constant)")
+    parser.add_argument("--verifications", default="token",
+                        help="comma list out of token, block; block adds a run of every draft at --gamma (block "
+                             "verification, Sun et al. 2025: exact, never fewer accepted tokens in expectation)")
     parser.add_argument("--leniences", default="1",
                         help="comma list of lenience values; each l < 1 adds a run at --gamma (NOT exact, Appendix A.5)")
     parser.add_argument("--task", default=DEFAULT_TASK,

@@ -7,7 +7,7 @@ below 1 at the run's gamma. Every configuration is a :class:`Cell`, labelled the
 from __future__ import annotations
 
 import argparse
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 
 from specdec.bench.arguments import comma_list, number_list
 from specdec.bench.drafts import is_model_spec, parse_spec
@@ -38,6 +38,7 @@ class Grid:
     schedules: list[str]
     leniences: list[float]
     assisted: list[str] | None = None  # drafts of transformers' assisted generation (None: the grid's own)
+    verifications: list[str] = field(default_factory=lambda: ["token"])
 
 
 def grid_from_args(args: argparse.Namespace, draft_override: str | None) -> Grid:
@@ -55,6 +56,12 @@ def grid_from_args(args: argparse.Namespace, draft_override: str | None) -> Grid
     leniences = number_list(args.leniences, float, "--leniences")
     if any(not 0 < l <= 1 for l in leniences):
         raise SpecDecError(f"leniences must be in (0, 1], got {leniences}")
+    from specdec.acceptance import VERIFICATIONS
+
+    verifications = comma_list(getattr(args, "verifications", None) or "token")
+    bad = [v for v in verifications if v not in VERIFICATIONS]
+    if bad:
+        raise SpecDecError(f"unknown verification(s) {', '.join(bad)}; choose from {', '.join(VERIFICATIONS)}")
     drafts = [draft_override] if draft_override else list(args.drafts or [args.draft])
     for spec in drafts:
         parse_spec(spec)
@@ -65,7 +72,8 @@ def grid_from_args(args: argparse.Namespace, draft_override: str | None) -> Grid
         if bad:
             raise SpecDecError(f"--hf-assisted-drafts takes model names (NAME or NAME:int8) or prompt-lookup, got "
                                f"{', '.join(bad)}: transformers has no assisted generation with those")
-    return Grid(temperatures, list(dict.fromkeys(drafts)), gammas, list(dict.fromkeys(schedules)), leniences, assisted)
+    return Grid(temperatures, list(dict.fromkeys(drafts)), gammas, list(dict.fromkeys(schedules)), leniences, assisted,
+                list(dict.fromkeys(verifications)))
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class Cell:
     gamma: int | None = None
     schedule: str = "constant"
     lenience: float = 1.0
+    verification: str = "token"
 
 
 def assisted_draft(spec: str) -> bool:
@@ -92,7 +101,8 @@ def _labelled(cells: list[Cell]) -> list[Cell]:
         return [Cell(cells[0].method, *astuple(cells[0])[1:])]
     out = []
     for c in cells:
-        extra = ("" if c.schedule == "constant" else f",{c.schedule}") + ("" if c.lenience == 1.0 else f",l={c.lenience:g}")
+        extra = (("" if c.schedule == "constant" else f",{c.schedule}") + ("" if c.lenience == 1.0 else f",l={c.lenience:g}")
+                 + ("" if c.verification == "token" else f",{c.verification}"))
         out.append(Cell(f"{c.method}[{c.draft},gamma={c.gamma}{extra}]", *astuple(c)[1:]))
     return out
 
@@ -109,6 +119,9 @@ def build_cells(methods: list[str], grid: Grid, gamma: int) -> list[Cell]:
             for l in grid.leniences:
                 if l < 1.0:
                     spec.append(Cell("", "specdec-spec", draft, gamma, "constant", l))
+            for v in grid.verifications:  # each other verification: a run at --gamma, the first schedule
+                if v != "token":
+                    spec.append(Cell("", "specdec-spec", draft, gamma, grid.schedules[0], 1.0, v))
         if "hf-assisted" in methods and grid.assisted is None and assisted_draft(draft):
             assisted.append(Cell("", "hf-assisted", draft, gamma))
     if "hf-assisted" in methods and grid.assisted is not None:

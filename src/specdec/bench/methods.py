@@ -62,6 +62,7 @@ class Settings:
     seed: int
     gamma_schedule: str = "constant"  # specdec only (see specdec.schedules)
     lenience: float = 1.0  # specdec only; < 1 is not exact (paper Appendix A.5)
+    verification: str = "token"  # specdec only: token or block (both exact)
 
 
 Runner = Callable[[Sequence[int]], Trial]
@@ -72,6 +73,7 @@ def specdec_runner(target: LanguageModel, draft: Any, s: Settings) -> Runner:
         out, seconds, cpu = timed(lambda: specdec.generate(
             target, list(prompt_ids), draft=draft, gamma=s.gamma, temperature=s.temperature,
             max_new_tokens=s.max_new_tokens, seed=s.seed, gamma_schedule=s.gamma_schedule, lenience=s.lenience,
+            verification=s.verification,
         ), target.device)
         return Trial(list(out.token_ids), seconds, out.stats, cpu)
 

@@ -111,7 +111,8 @@ def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], p
              max_new_tokens: int, gamma: int, seed: int) -> dict[str, Any]:
     runners = {}
     for cell in cells:
-        s = Settings(cell.gamma or gamma, temperature, max_new_tokens, seed, cell.schedule, cell.lenience)
+        s = Settings(cell.gamma or gamma, temperature, max_new_tokens, seed, cell.schedule, cell.lenience,
+                     cell.verification)
         if cell.method == "specdec-plain":
             runners[cell.label] = specdec_runner(target, None, s)
         elif cell.method == "specdec-spec":
@@ -178,6 +179,7 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
             "gammas": grid.gammas,
             "gamma_schedules": grid.schedules,
             "leniences": grid.leniences,
+            "verifications": grid.verifications,
             "ngram_corpus": corpus_source if needs_corpus(grid.drafts) else None,
             "dtype": dtype,
             "target_quantize": args.quantize,

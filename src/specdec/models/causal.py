@@ -98,7 +98,7 @@ class LanguageModel:
         if self.block_invariant:
             from specdec.models.row_attention import use_row_attention
 
-            use_row_attention(self.hf_model, engine)
+            use_row_attention(self.hf_model)
         self._caches: list[tuple[StaticKVCache, bool]] = []  # (cache, in use): the static caches, reused
         self._step = compiled_step() if self.compile else static_step
 

@@ -11,12 +11,13 @@ one ``scaled_dot_product_attention`` call with that one query row (its heads pac
 as transformers' SDPA path does for a one-token query) and exactly the keys a one-token step at that
 position would see, so every row and every one-token step run the same kernel on the same shapes:
 
-- ``specdec_rows`` (the dynamic engine: the keys are exactly the filled cache): the keys up to the row's
-  position, from the start of its sliding window on a sliding-window layer, with no mask (batch 1, no
-  padding: the sessions' case). A pass from position 0 (the prefill) runs the usual causal kernel: plain
-  and speculative decoding prefill the same prompt with the same call.
-- ``specdec_rows_static`` (the static engine: the keys are the whole position-indexed buffer): the whole
-  buffer and the row's own line of the mask the static cache made, as a one-token step has.
+- without a mask (the dynamic engine: the keys are exactly the filled cache, batch 1, no padding; the
+  mask function drops the plain causal mask there): the keys up to the row's position, from the start of
+  its sliding window on a sliding-window layer. A pass from position 0 (the prefill) runs the usual causal
+  kernel: plain and speculative decoding prefill the same prompt with the same call.
+- with a mask (the static engine and the beam batch, whose keys are the whole position-indexed buffer;
+  padded batches; custom patterns): the whole key tensor and the row's own line of the mask, as a
+  one-token step there has.
 
 A one-token step goes through the same functions, so nothing changes for plain decoding but the cost of
 one Python call per layer. :func:`use_row_attention` switches a transformers model to them.
@@ -37,7 +38,7 @@ try:
 except ImportError:  # pragma: no cover - an older transformers layout
     AttentionMaskInterface = None
 
-DYNAMIC, STATIC = "specdec_rows", "specdec_rows_static"
+NAME = "specdec_rows"  # the attention implementation of the int8 models
 
 
 def _row(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -63,15 +64,31 @@ def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
     return rows[0][:, None] if len(rows) == 1 else torch.stack(rows, dim=1)
 
 
-def rows_dynamic(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """query [B, H, q, D]; key/value [B, H_kv, L, D], the cache's positions with the q new ones last."""
-    q, length = query.shape[2], key.shape[2]
-    if q == length and q > 1:  # a pass from position 0: the prefill, the usual causal kernel
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """query [B, H, q, D]; key/value [B, H_kv, L, D]; attention_mask None or [B, 1, q, L] (True: attend).
+
+    Without a mask (:func:`skip_plain_causal_mask` dropped it: no padding, the plain causal or sliding
+    pattern) the keys are exactly the cache's positions with the q new ones last, and each row takes the
+    keys of its own prefix. With a mask (the static engine's and the beam batch's position-indexed buffers,
+    padded batches, custom patterns) each row takes the whole key tensor and its own line of the mask.
+    """
     _check(kwargs)
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     scaling = kwargs.get("scaling")
+    q, length = query.shape[2], key.shape[2]
+    if attention_mask is not None:
+        rows = [_row(module, query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
+                for i in range(q)]
+        return _stack(rows), None
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if q == length and q > 1:  # a pass from position 0: the prefill, the usual causal kernel
+        if window and q > window:
+            i = torch.arange(q, device=query.device)
+            attention_mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)  # [q, q]
+            attention_mask = attention_mask[None, None]
+        kwargs.pop("is_causal", None)
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      is_causal=attention_mask is None, **kwargs)
     rows = []
     for i in range(q):
         end = length - q + i + 1  # the keys of positions 0 .. the row's own
@@ -80,30 +97,21 @@ def rows_dynamic(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     return _stack(rows), None  # [B, q, H, D]
 
 
-def rows_static(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """query [B, H, q, D]; key/value [B, H_kv, capacity, D]; attention_mask [B, 1, q, capacity] (the static
-    cache's: which positions each row sees)."""
-    if attention_mask is None:
-        return rows_dynamic(module, query, key, value, attention_mask, **kwargs)
-    _check(kwargs)
-    scaling = kwargs.get("scaling")
-    rows = [_row(module, query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
-            for i in range(query.shape[2])]
-    return _stack(rows), None
+def skip_plain_causal_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The mask function of :data:`NAME`: None where the pattern is the plain causal one (or its sliding
+    window) without padding, which :func:`row_attention` applies by slicing the keys; else SDPA's mask.
+    (transformers clears ``allow_is_causal_skip`` for packed sequences and custom patterns.)"""
+    padding = kwargs.get("attention_mask")
+    if kwargs.get("allow_is_causal_skip", True) and (padding is None or bool(padding.all())):
+        return None
+    return sdpa_mask(*args, **kwargs)
 
 
-AttentionInterface.register(DYNAMIC, rows_dynamic)
-AttentionInterface.register(STATIC, rows_static)
-if AttentionMaskInterface is not None:  # masks as SDPA takes them (the static engine passes its own)
-    AttentionMaskInterface.register(DYNAMIC, sdpa_mask)
-    AttentionMaskInterface.register(STATIC, sdpa_mask)
+AttentionInterface.register(NAME, row_attention)
+if AttentionMaskInterface is not None:
+    AttentionMaskInterface.register(NAME, skip_plain_causal_mask)
 
 
-def use_row_attention(hf_model: Any, engine: str) -> None:
-    """Run ``hf_model``'s attention through the row functions of ``engine`` ("dynamic" or "static")."""
-    hf_model.set_attn_implementation(STATIC if engine == "static" else DYNAMIC)
-
-
-def uses_row_attention(hf_model: Any) -> bool:
-    return getattr(hf_model.config, "_attn_implementation", None) in (DYNAMIC, STATIC)
+def use_row_attention(hf_model: Any) -> None:
+    """Run ``hf_model``'s attention row by row (:func:`row_attention`)."""
+    hf_model.set_attn_implementation(NAME)
