@@ -58,6 +58,7 @@ CONFIG_SCHEMA = _object({
     "max_gamma": {"type": ["integer", "null"]},
     "confidence": _NUMBER,
     "lenience": _NUMBER,
+    "verification": {"type": "string", "enum": ["token", "block"]},
     "num_beams": _INTEGER,
     "draft_beams": {"type": ["integer", "null"]},
     "beam_mode": {"type": "string", "enum": ["exact", "report"]},
