@@ -62,7 +62,8 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     models. By default everything is loaded from the names with ``args.dtype``.
     """
     validate(args)
-    methods = select_methods(args.methods, args.target)
+    # a target object given by the caller is what llama.cpp would have to match: its own name decides
+    methods = select_methods(args.methods, args.target if target is None else str(target.name))
     device = resolve_device(args.device)
     if args.quantize and device.type != "cpu":
         raise SpecDecError("--quantize (dynamic int8) runs on CPU only; drop it for --device cuda")
