@@ -38,7 +38,7 @@ class GenerationStats:
     time_total: float = 0.0
     seed: int | None = None
     stop_reason: str = ""
-    exact: bool = True  # False when lenience < 1, or a dynamically quantized target verifies drafts
+    exact: bool = True  # False when lenience < 1, or a quantized target that is not block-invariant verifies drafts
     not_exact_reason: str | None = None
     levels: list[dict[str, Any]] = field(default_factory=list)  # hierarchical drafting: one entry per draft level
     schedule: dict[str, Any] = field(default_factory=dict)  # the gamma schedule's final state (GammaSchedule.report)
