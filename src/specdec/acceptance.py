@@ -252,11 +252,7 @@ def verify(
     else:
         q_padded = torch.cat([q, q.new_zeros(1, q.shape[-1])])  # [gamma + 1, V]
         residual = (p_n - lenience * q_padded.index_select(0, n.reshape(1))[0]).clamp_min(0.0)
-    mass = residual.sum()
-    residual = torch.where(mass <= RESIDUAL_EPS, p_n, residual / mass)  # as residual_distribution
-    final = torch.where(n == gamma, p_n, residual)  # bonus token from p_{gamma + 1}
-    t = sample(final, generator)  # []
-    tokens = torch.where(index < n, padded, t)
+    tokens = _emit(p_n, residual, n, generator, index, padded)
     if lenience < 1.0:  # Appendix A.5: sum_x min(p(x) / l, q(x))
         betas = acceptance_probability(p[:gamma] / lenience, q, draft_tokens).clamp(max=1.0)
     else:
@@ -273,9 +269,18 @@ def _verify_block(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, 
     p_tau = p.index_select(0, tau.reshape(1))[0]  # [V]
     q_padded = torch.cat([q, q.new_zeros(1, q.shape[-1])])  # [gamma + 1, V]
     residual = (ratio.index_select(0, tau.reshape(1)) * p_tau - q_padded.index_select(0, tau.reshape(1))[0]).clamp_min(0.0)
-    mass = residual.sum()
-    residual = torch.where(mass <= RESIDUAL_EPS, p_tau, residual / mass)
-    final = torch.where(tau == gamma, p_tau, residual)  # bonus token from p_{gamma + 1}
-    t = sample(final, generator)  # []
-    tokens = torch.where(index < tau, padded, t)
+    tokens = _emit(p_tau, residual, tau, generator, index, padded)
     return Verification(tokens, tau, acceptance_probability(p[:gamma], q, draft_tokens), p)
+
+
+def _emit(p_n: torch.Tensor, residual: torch.Tensor, n: torch.Tensor, generator: torch.Generator | None,
+          index: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+    """The round's tokens [gamma + 1]: the n accepted drafts (``padded``), then one token sampled from the
+    normalized ``residual`` [V] (p_n itself where it has no mass, as residual_distribution), or after a
+    whole block (n = gamma) the bonus token from p_n = p_{gamma + 1}."""
+    gamma = index.shape[0] - 1
+    mass = residual.sum()
+    residual = torch.where(mass <= RESIDUAL_EPS, p_n, residual / mass)
+    final = torch.where(n == gamma, p_n, residual)
+    t = sample(final, generator)  # []
+    return torch.where(index < n, padded, t)

@@ -130,7 +130,9 @@ def generate(
 
 def check_target(target: Any) -> None:
     """A llama.cpp model drafts only: its batched passes are not block-invariant, so it cannot verify."""
-    if getattr(target, "quantization", None) == "llama-cpp":
+    from specdec.models import LLAMA_CPP
+
+    if getattr(target, "quantization", None) == LLAMA_CPP:
         raise SpecDecError(f"{target.name} runs in llama.cpp, which specdec uses for drafts only (its multi-token "
                            "passes differ from its one-token steps, so verification would not be exact); load "
                            "the target with quantize='int8' (--quantize int8) or in bf16")

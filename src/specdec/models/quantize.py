@@ -119,22 +119,15 @@ def padded_width(in_features: int) -> int:
 
 class _Workspaces(threading.local):
     """Per thread: ``{(in_features, width): [rows, width] float32}`` whose columns in_features.. hold +1, -1,
-    0...; and the last input normalized into each, with its row scales. Layers that read the same input
-    (q/k/v projections, gate/up) find it normalized already: the same tensor object at the same version
-    (a strong reference is kept, so its memory cannot be reused by another tensor meanwhile)."""
+    0... (sibling layers that read one input are fused, so each input is normalized once)."""
 
     def __init__(self):
         self.buffers: dict[tuple[int, int], torch.Tensor] = {}
-        self.last: dict[tuple[int, int], tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]] = {}
 
-    def normalized(self, x: torch.Tensor, x2: torch.Tensor, in_features: int,
-                   width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """x2 [M, K] (the rows of the layer's input x) -> (its rows divided by their largest absolute
-        values, with the pinned columns [M, width]; the row scales [M, 1])."""
+    def normalized(self, x2: torch.Tensor, in_features: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x2 [M, K] -> (its rows divided by their largest absolute values, with the pinned columns
+        [M, width]; the row scales [M, 1])."""
         key = (in_features, width)
-        last = self.last.get(key)
-        if last is not None and last[0] is x and last[1] == _version(x):
-            return last[2], last[3]
         rows = x2.shape[0]
         buf = self.buffers.get(key)
         if buf is None or buf.shape[0] < rows:
@@ -147,10 +140,6 @@ class _Workspaces(threading.local):
         # (abs().amax(): 10x faster than vector_norm(inf) here, and a max is exact in any order)
         scale = x2.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)  # [M, 1]
         torch.div(x2, scale, out=buf[:, :in_features])
-        if rows <= _KEPT_ROWS:
-            self.last[key] = (x, _version(x), buf, scale)
-        else:
-            self.last.pop(key, None)
         return buf, scale
 
 
@@ -217,14 +206,9 @@ class Int8Linear(torch.nn.Module):
         if not isinstance(qweight, torch.Tensor) or not qweight.is_quantized:
             raise SpecDecError(f"Int8Linear takes a qint8 weight, got {getattr(qweight, 'dtype', type(qweight))}")
         pad = self.width - self.in_features
-        ints = torch.nn.functional.pad(qweight.int_repr(), (0, pad))  # [out, width] int8, zero weights
+        padded = _with_ints(qweight, torch.nn.functional.pad(qweight.int_repr(), (0, pad)))  # [out, width]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-                padded = torch._make_per_channel_quantized_tensor(
-                    ints, qweight.q_per_channel_scales(), qweight.q_per_channel_zero_points(), 0)
-            else:
-                padded = torch._make_per_tensor_quantized_tensor(ints, qweight.q_scale(), qweight.q_zero_point())
             return torch.ops.quantized.linear_prepack(padded, None)
 
     def wait_packed(self) -> None:
@@ -252,7 +236,7 @@ class Int8Linear(torch.nn.Module):
             x2 = x2.float()
         if not self.pinned:
             return self._per_pass(x2).reshape(*shape[:-1], self.out_features)
-        buf, scale = _workspaces.normalized(x, x2, self.in_features, self.width)  # [M, K + pad], [M, 1]
+        buf, scale = _workspaces.normalized(x2, self.in_features, self.width)  # [M, K + pad], [M, 1]
         y = torch.ops.quantized.linear_dynamic(buf, self._packed, True)  # [M, N], reduce_range as torch's
         y.mul_(scale)
         if self.bias is not None:
@@ -280,15 +264,24 @@ class Int8Linear(torch.nn.Module):
         return state
 
 
-def _contiguous_q(qweight: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of a (sliced) quantized weight."""
+def _per_channel(qweight: torch.Tensor) -> bool:
+    return qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+
+
+def _with_ints(qweight: torch.Tensor, ints: torch.Tensor) -> torch.Tensor:
+    """A qint8 tensor of the int8 values ``ints`` [out, any width] with ``qweight``'s scales and zero points
+    (one per output row, or one for the tensor)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ints = qweight.int_repr().contiguous()
-        if qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
+        if _per_channel(qweight):
             return torch._make_per_channel_quantized_tensor(
                 ints, qweight.q_per_channel_scales(), qweight.q_per_channel_zero_points(), 0)
         return torch._make_per_tensor_quantized_tensor(ints, qweight.q_scale(), qweight.q_zero_point())
+
+
+def _contiguous_q(qweight: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of a (sliced) quantized weight."""
+    return _with_ints(qweight, qweight.int_repr().contiguous())
 
 
 #: Sibling layers that read one input in transformers' decoder layers (the attention's projections, the
@@ -358,7 +351,7 @@ class _Fused:
 
 def _cat_per_channel(qweights: list[torch.Tensor]) -> torch.Tensor | None:
     """Per-channel qint8 weights [out_i, in] stacked into one [sum out_i, in]; None if any is per-tensor."""
-    if any(q.qscheme() not in (torch.per_channel_affine, torch.per_channel_symmetric) for q in qweights):
+    if not all(_per_channel(q) for q in qweights):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -458,7 +451,7 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None) -> None:
         weight, bias = mod._weight_bias()
         info = {"in": mod.in_features, "out": mod.out_features, "bias": bias is not None}
         tensors[f"{name}.weight_int8"] = weight.int_repr().contiguous()
-        if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        if _per_channel(weight):
             info["axis"] = int(weight.q_per_channel_axis())
             tensors[f"{name}.weight_scales"] = weight.q_per_channel_scales().contiguous()
             tensors[f"{name}.weight_zero_points"] = weight.q_per_channel_zero_points().contiguous()

@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - an older transformers layout
 NAME = "specdec_rows"  # the attention implementation of the int8 models
 
 
-def _row(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+def _row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
          scaling: float | None) -> torch.Tensor:
     """One query row query [B, H, 1, D] over key/value [B, H_kv, L, D] (mask: None or [B, 1, 1, L]);
     [B, H, D]. The query heads that share a key/value head attend together (as transformers' SDPA path
@@ -77,7 +77,7 @@ def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
     scaling = kwargs.get("scaling")
     q, length = query.shape[2], key.shape[2]
     if attention_mask is not None:
-        rows = [_row(module, query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
+        rows = [_row(query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
                 for i in range(q)]
         return _stack(rows), None
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
@@ -93,7 +93,7 @@ def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
     for i in range(q):
         end = length - q + i + 1  # the keys of positions 0 .. the row's own
         start = max(0, end - window) if window else 0  # a sliding-window layer sees the last `window`
-        rows.append(_row(module, query[:, :, i:i + 1], key[:, :, start:end], value[:, :, start:end], None, scaling))
+        rows.append(_row(query[:, :, i:i + 1], key[:, :, start:end], value[:, :, start:end], None, scaling))
     return _stack(rows), None  # [B, q, H, D]
 
 
