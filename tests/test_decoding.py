@@ -143,6 +143,27 @@ def test_streaming_callback_sees_every_token_with_its_origin():
     assert out.stats.target_calls == len(origins) - sum(origins)  # one target token per step
 
 
+def test_round_callback_reports_the_drafts_and_what_the_target_kept():
+    target = load_tiny()
+    plain = plain_greedy(target)
+    events = []
+    out = specdec.generate(target, PROMPT, draft=perturbed(target, 0.5), gamma=4, max_new_tokens=N_NEW,
+                           on_round=events.append)
+    assert out.token_ids == plain.token_ids
+    assert len(events) == out.stats.target_calls and [t for e in events for t in e.tokens] == out.token_ids
+    assert [f for e in events for f in e.from_draft] == out.from_draft
+    assert sum(len(e.drafted) for e in events) == out.stats.drafted
+    assert sum(e.accepted for e in events) == out.stats.accepted
+    position = 0
+    for e in events:
+        assert e.drafted[: e.accepted] == e.tokens[: e.accepted]  # accepted drafts are the text
+        assert e.from_draft == [True] * e.accepted + [False] * (len(e.tokens) - e.accepted)
+        if e.rejected:  # greedy: the first rejected draft token is not the target's token there
+            assert e.rejected[0] != out.token_ids[position + e.accepted]
+        position += len(e.tokens)
+    assert any(e.rejected for e in events) and any(len(e.rejected) < len(e.drafted) for e in events)
+
+
 def test_statistics_are_consistent():
     target = load_tiny()
     out = specdec.generate(target, PROMPT, draft=perturbed(target, 0.5), gamma=4, max_new_tokens=N_NEW)

@@ -15,7 +15,7 @@ ratio of a draft step to a target step.
 
 from specdec.acceptance import greedy_verification, residual_distribution, speculative_sampling
 from specdec.config import GenerationConfig
-from specdec.decoding import GenerationOutput, generate
+from specdec.decoding import GenerationOutput, RoundEvent, generate
 from specdec.errors import ModelPackageMissing, SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.sampling import SamplingParams, standardize
@@ -25,6 +25,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "GenerationConfig", "GenerationOutput", "GenerationStats", "LanguageModel", "ModelPackageMissing",
-    "SamplingParams", "SpecDecError", "generate", "greedy_verification", "load", "residual_distribution",
+    "RoundEvent", "SamplingParams", "SpecDecError", "generate", "greedy_verification", "load", "residual_distribution",
     "speculative_sampling", "standardize",
 ]

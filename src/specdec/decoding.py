@@ -35,6 +35,32 @@ from specdec.text import StopScan
 TokenCallback = Callable[[list[int], list[bool]], None]
 
 
+@dataclass(frozen=True)
+class RoundEvent:
+    """One target call of a generation, for displays that show the algorithm at work (the playground).
+
+    drafted: the draft's gamma proposed tokens (host ids; [] on a plain step);
+    accepted: n, how many of them the target accepted (the first rejected one was resampled, the rest dropped);
+    tokens / from_draft: what the round added to the text, as :data:`TokenCallback` receives them (cut at EOS
+      or a stop string, so it may be shorter than n + 1).
+    """
+
+    drafted: list[int]
+    accepted: int
+    tokens: list[int]
+    from_draft: list[bool]
+
+    @property
+    def rejected(self) -> list[int]:
+        """The drafted tokens the target did not accept: the first one was replaced by the target's token."""
+        return self.drafted[self.accepted:]
+
+
+# on_round(event): called after each target call, after on_tokens; reading the drafted ids back costs one
+# more device-to-host copy per round, paid only when this callback is given.
+RoundCallback = Callable[[RoundEvent], None]
+
+
 @dataclass
 class GenerationOutput:
     text: str
@@ -91,6 +117,7 @@ def generate(
     draft: Any = None,
     config: GenerationConfig | None = None,
     on_tokens: TokenCallback | None = None,
+    on_round: RoundCallback | None = None,
     **options: Any,
 ) -> GenerationOutput:
     """Generate a continuation of ``prompt`` with the target model, speculatively when ``draft`` is given.
@@ -103,6 +130,7 @@ def generate(
     config / options: a :class:`GenerationConfig`, or its fields as keywords (gamma, temperature,
       top_k, top_p, max_new_tokens, stop, chat, seed, gamma_schedule, max_gamma, confidence, lenience).
     on_tokens: streaming callback, see :data:`TokenCallback`.
+    on_round: a callback per target call with what was drafted and accepted, see :class:`RoundEvent`.
 
     At temperature 0 the tokens equal plain greedy decoding of the target; otherwise they follow the
     target's standardized distribution exactly (Leviathan et al., Appendix A.1).
@@ -120,6 +148,7 @@ def generate(
     if config.num_beams > 1:
         return _beam_generate(target, draft, prompt_ids, config, seed)
     run = _prepare(target, drafter, prompt_ids, config, seed, on_tokens)
+    run.on_round = on_round
     try:
         while not run.stats.stop_reason:
             _round(run)
@@ -211,6 +240,7 @@ class _Run:
     from_draft: list[bool] = field(default_factory=list)
     stop_scan: StopScan | None = None  # with stop strings: finds them in each round's new text only
     stop_text: str | None = None
+    on_round: RoundCallback | None = None
 
     def close(self) -> None:
         self.session.close()
@@ -273,11 +303,14 @@ def _round(run: _Run) -> None:
     if drafter is not None:
         drafter.update(n)
         run.schedule.update(StepFeedback(g, n, betas, time_draft, time_target, run.session.last_pass_tokens))
-    _append(run, new, [True] * n + [False])
+    added = _append(run, new, [True] * n + [False])
+    if run.on_round is not None:
+        run.on_round(RoundEvent(proposal.tokens.tolist(), n, added, run.from_draft[len(run.from_draft) - len(added):]))
 
 
-def _append(run: _Run, new: list[int], origins: list[bool]) -> None:
-    """Add a round's tokens to the sequence, cut at EOS or a stop string, stream them, decide the end."""
+def _append(run: _Run, new: list[int], origins: list[bool]) -> list[int]:
+    """Add a round's tokens to the sequence, cut at EOS or a stop string, stream them, decide the end.
+    Returns the tokens added."""
     config, sequence = run.config, run.sequence
     done = ""
     for j, tok in enumerate(new):
@@ -295,6 +328,7 @@ def _append(run: _Run, new: list[int], origins: list[bool]) -> None:
     if not done and generated >= run.limit:
         done = "max_new_tokens" if generated >= config.max_new_tokens else "context"
     run.stats.stop_reason = done
+    return new
 
 
 def _cut_at_stop(run: _Run, before: int) -> bool:

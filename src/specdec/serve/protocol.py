@@ -3,7 +3,8 @@
 Honoured fields: ``model``, ``prompt`` (completions: a string, one-string list or token ids) or
 ``messages`` (chat: the model's chat template), ``max_tokens`` (chat also ``max_completion_tokens``),
 ``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream``, ``stream_options.include_usage``.
-Extra fields: ``top_k``, ``gamma`` (draft tokens per target call, constant), ``draft`` (``"none"`` for
+Extra fields: ``top_k``, ``gamma`` (draft tokens per target call, constant), ``gamma_schedule`` (one of
+:data:`specdec.schedules.SCHEDULES`; with it, ``gamma`` is where the schedule starts), ``draft`` (``"none"`` for
 plain decoding, or a parameter-free drafter name), ``timeout`` (seconds, at most the server's).
 Defaults are the library's (:class:`specdec.GenerationConfig`): greedy (temperature 0) and 128 tokens,
 where OpenAI's are temperature 1 and 16 (completions) tokens. Fields that ask for what specdec does not do
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 from specdec.config import GenerationConfig
 from specdec.errors import SpecDecError
+from specdec.schedules import SCHEDULES
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                405: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
@@ -212,6 +214,7 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
         max_new_tokens=max_tokens,
     )
     gamma = _field(body, "gamma", (int,), "an integer >= 1", lambda v: v >= 1)
+    schedule = _field(body, "gamma_schedule", (str,), f"one of {', '.join(SCHEDULES)}", lambda v: v in SCHEDULES)
     timeout = _field(body, "timeout", number, "a number of seconds > 0", lambda v: v > 0)
     prompt_ids = _chat_prompt(body, served.target) if chat else _completion_prompt(body, served.target)
 
@@ -225,12 +228,36 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
                             f"{where} + {max_tokens} to generate", param="max_tokens", code="context_length_exceeded")
 
     draft, label, spec = _draft(body, served)
-    gamma, schedule = served.speculation(spec, gamma)
+    default_gamma, default_schedule = served.speculation(spec, gamma)
+    if schedule is None or gamma is not None:  # a given gamma alone means a constant one (speculation_defaults)
+        gamma, schedule = default_gamma, schedule or default_schedule
+    else:  # a schedule alone starts where the draft's defaults start
+        gamma = default_gamma
     config = _config({**served.options, **fields, "gamma": gamma, "gamma_schedule": schedule})
     return GenerationRequest(
         chat=chat, prompt_ids=prompt_ids, config=config, draft=draft, draft_label=label, stream=stream,
         include_usage=bool(options.get("include_usage")), timeout=min(timeout or served.timeout, served.timeout),
     )
+
+
+def theorem8(stats: Any) -> dict[str, float] | None:
+    """Theorem 8 for a finished generation: {alpha, gamma, c, expected_speedup}; None when nothing was drafted.
+
+    alpha is the generation's (Corollary 6); gamma the mean drafted tokens of the rounds that drafted,
+    rounded (the formula takes a whole gamma); c the measured draft time per drafted token over the target's
+    time per call. The target's time is that of its verification passes, so on hardware where verifying
+    gamma + 1 tokens costs more than one step (s > 0, specdec.analysis) c absorbs it and the figure is what
+    this generation's costs predict, not the paper's idealization.
+    """
+    from specdec.analysis import walltime_improvement
+
+    rounds = stats.drafted_per_position[0] if stats.drafted_per_position else 0
+    if not rounds or stats.alpha is None or not stats.target_calls or stats.time_target <= 0:
+        return None
+    gamma = max(1, round(stats.drafted / rounds))
+    c = (stats.time_draft / stats.drafted) / (stats.time_target / stats.target_calls)
+    return {"alpha": stats.alpha, "gamma": gamma, "c": c,
+            "expected_speedup": walltime_improvement(min(1.0, stats.alpha), gamma, c)}
 
 
 def finish_reason(stop_reason: str) -> str:
@@ -264,9 +291,10 @@ class Reply:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def statistics(self, out: Any, queued_s: float) -> dict[str, Any]:
-        """The ``specdec`` object: the generation's statistics, its draft and gamma, its time in the queue."""
+        """The ``specdec`` object: the generation's statistics, its draft and gamma, its time in the queue,
+        and Theorem 8's expected walltime improvement for the measured alpha and c (:func:`theorem8`)."""
         return {**out.stats.to_dict(), "draft": self.label, "gamma": out.config.gamma,
-                "gamma_schedule": out.config.gamma_schedule, "queued_s": queued_s}
+                "gamma_schedule": out.config.gamma_schedule, "queued_s": queued_s, "theory": theorem8(out.stats)}
 
     def response(self, out: Any, queued_s: float) -> dict[str, Any]:
         return {**self.head, "object": self._object(False),
