@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test-setup demo test bench clean-venv
+.PHONY: setup test-setup demo test bench playground clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,20 @@ demo: setup
 
 # The tests also run the llama.cpp drafter (the optional extra specdec[llama]; it builds from source in
 # about 5 minutes on 2 cores), so `make test` installs it; `make demo` does not need it.
+# The playground's browser tests drive the system's Chromium (Debian's package) through Playwright; where it
+# cannot be installed (no apt-get, not root) they skip and say so.
 test-setup: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python==0.3.36'
+	scripts/install_chromium.sh
 
 # Two workers, one test file each at a time (module fixtures load a model once per file): most tests
 # are tiny models bound by Python overhead, so two processes use two cores where one would use one.
 test: test-setup
 	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
+
+# The playground page (README, "The playground"): the packaged pair, the target in block-invariant int8.
+playground: setup
+	$(BIN)/specdec serve --quantize int8
 
 bench: setup
 	$(BIN)/specdec bench

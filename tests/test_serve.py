@@ -5,89 +5,27 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
 import specdec
-from tiny import tiny_model, tiny_tokenizer
+from specdec.analysis import walltime_improvement
+from serving import CONTEXT, tiny_server, wait_until
 
-# The tiny word-level tokenizer has no chat template of its own; this one uses words of its vocabulary.
-CHAT_TEMPLATE = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
-                 "{% if add_generation_prompt %}w3{% endif %}")
 PROMPTS = ["w5 w6 w7", "w10 w11", "w20 w21 w22 w23", "w40"]
-CONTEXT = 4096  # long enough for a request that is still running when the test needs it to be
 MAX_QUEUE = 15  # 16 concurrent clients fit: one running, 15 waiting
 LONG = 3000  # tokens of a request meant to be cancelled (5 to 15 ms each here: it would run for 15 s or more)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _save(folder, seed: int) -> str:
-    model = tiny_model(eos=None, seed=seed)  # no EOS: every generation runs to max_tokens
-    model.config.max_position_embeddings = CONTEXT
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-def wait_until(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve")
-    target, draft = _save(root / "target", 0), _save(root / "draft", 1)
-    port = _free_port()
-    # One thread: tiny models gain nothing from more, and two processes spinning on two shared cores ran 10x slower.
-    env = {**{k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}, "OMP_NUM_THREADS": "1"}
-    log = open(root / "server.log", "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli", "serve", "--target", target, "--draft", draft + ":int8", "--dtype", "fp32",
-         "--port", str(port), "--max-queue", str(MAX_QUEUE), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def ready():
-        assert proc.poll() is None, f"the server exited: {open(root / 'server.log').read()}"
-        try:
-            return httpx.get(url + "/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(ready, 120, "the server to load the models")
-        yield SimpleNamespace(url=url, model=target, target=specdec.load(target, dtype="fp32"), log=root / "server.log")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        log.close()
+    with tiny_server(tmp_path_factory.mktemp("serve"), "--max-queue", str(MAX_QUEUE)) as served:
+        served.target = specdec.load(served.model, dtype="fp32")
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +82,25 @@ def test_completions_equal_generate(server, client, reference, prompt):
     groups = [c.model_extra["specdec"] for c in chunks[:-1]]  # one event per accepted group of tokens
     final = chunks[-1].model_extra["specdec"]
     assert sum(g["tokens"] for g in groups) == 12 and sum(g["from_draft"] for g in groups) == final["accepted"]
+    # the playground's fields: each group's text split by origin, and the rejected drafts of its target call
+    assert [g["draft_text"] + g["target_text"] for g in groups] == [c.choices[0].text for c in chunks[:-1]]
+    assert sum(g["drafted"] for g in groups) == final["drafted"] and len(groups) == final["target_calls"]
+    assert all(bool(g["rejected_text"]) == (g["from_draft"] < g["drafted"]) for g in groups)
+    assert any(g["rejected_text"] for g in groups)  # the tiny draft disagrees with the tiny target often
+    theory = final["theory"]  # Theorem 8 on the measured alpha and c
+    assert theory["alpha"] == final["alpha"] and theory["c"] > 0
+    assert theory["expected_speedup"] == pytest.approx(
+        walltime_improvement(final["alpha"], theory["gamma"], theory["c"]))
+
+
+def test_a_schedule_from_the_request(server, client):
+    out = client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=12,
+                                    extra_body={"gamma_schedule": "heuristic", "gamma": 2})
+    stats = out.model_extra["specdec"]
+    assert (stats["gamma_schedule"], stats["gamma"]) == ("heuristic", 2)
+    plain = client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=12, extra_body={"draft": "none"})
+    assert plain.model_extra["specdec"]["theory"] is None  # nothing drafted
+    assert out.choices[0].text == plain.choices[0].text
 
 
 @pytest.mark.parametrize("content", ["w5 w6 w7", "w30 w31"])
@@ -322,6 +279,8 @@ BAD = [  # (path, body, status, the error's param, words of its message)
     ("/v1/completions", {"model": M, "prompt": "w1", "seed": 1.5}, 400, "seed", "'seed' must be an integer, got 1.5"),
     ("/v1/completions", {"model": M, "prompt": "w1", "gamma": 0},
      400, "gamma", "'gamma' must be an integer >= 1, got 0"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "gamma_schedule": "fast"},
+     400, "gamma_schedule", "'gamma_schedule' must be one of constant, heuristic, adaptive, confidence, got 'fast'"),
     ("/v1/completions", {"model": M, "prompt": "w1", "draft": "gpt2"},
      400, "draft", "'draft' must be one of none, default"),
     ("/v1/completions", {"model": M, "prompt": "w1", "stream": "yes"},

@@ -98,6 +98,18 @@ def test_loading_then_ready_and_the_api_key():
         assert answer.json()["choices"][0]["text"] == reference.text
 
 
+def test_the_playground_is_served_unless_turned_off():
+    with TestClient(create_app(_served)) as http:
+        page = http.get("/")
+        assert page.status_code == 200 and "<title>specdec playground</title>" in page.text
+        for name in ("playground.js", "style.css"):
+            assert http.get(f"/ui/{name}").status_code == 200
+        assert http.get("/ui/missing.js").status_code == 404
+    with TestClient(create_app(_served, ui=False)) as http:
+        assert http.get("/").status_code == 404 and http.get("/ui/playground.js").status_code == 404
+    assert cli.build_parser().parse_args(["serve"]).ui and not cli.build_parser().parse_args(["serve", "--no-ui"]).ui
+
+
 def test_a_failed_load_is_reported_and_stops_the_server():
     failures = []
 

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--timeout", type=float, default=600.0,
                        help="seconds a request may take, queue included; a request may ask for less (default 600)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--no-ui", dest="ui", action="store_false",
+                       help="do not serve the playground page at / (the API only)")
 
     bench = sub.add_parser("bench", help="benchmark plain vs speculative decoding vs transformers' own generate")
     from specdec import bench as bench_module
@@ -338,8 +340,11 @@ def _serve(args: argparse.Namespace) -> int:
                             speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
                             timeout=args.timeout)
 
+    if args.ui:
+        print(f"specdec: the playground will be at http://{args.host}:{args.port}/ once the models are loaded",
+              file=sys.stderr)
     serve.run(load, host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
-              log_level=args.log_level)
+              log_level=args.log_level, ui=args.ui)
     return 0
 
 

@@ -1,7 +1,7 @@
 """``specdec serve``: an OpenAI-compatible HTTP server over :func:`specdec.generate`.
 
 Layout: ``protocol`` (request fields -> a validated generation; responses and stream chunks), ``stream``
-(streamed text that never shows a stop string), ``worker`` (one generation at a time, bounded FIFO queue,
+(streamed text that never shows a stop string), ``ui`` (the playground page's static files), ``worker`` (one generation at a time, bounded FIFO queue,
 cancellation), ``app`` (Starlette routes), and :func:`run` here (uvicorn). Needs the ``serve`` extra:
 ``pip install 'specdec[serve]'``.
 """
@@ -18,7 +18,7 @@ __all__ = ["Served", "run"]
 
 
 def run(load: Callable[[], Served], *, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 16,
-        api_key: str | None = None, log_level: str = "info") -> None:
+        api_key: str | None = None, log_level: str = "info", ui: bool = True) -> None:
     """Serve until interrupted. ``load`` runs once, at start-up; if it fails the server stops and the
     error is raised here."""
     try:
@@ -33,7 +33,7 @@ def run(load: Callable[[], Served], *, host: str = "127.0.0.1", port: int = 8000
         failure.append(err)
         server.should_exit = True
 
-    app = create_app(load, max_queue=max_queue, api_key=api_key, on_load_error=stop)
+    app = create_app(load, max_queue=max_queue, api_key=api_key, on_load_error=stop, ui=ui)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=5))
     ours = logging.getLogger("specdec.serve")

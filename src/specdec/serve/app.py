@@ -1,5 +1,6 @@
 """The HTTP application (Starlette): routes, API key, error objects, server-sent events.
 
+GET  /                     the playground page (static files in specdec/serve/ui; off with ui=False, --no-ui)
 GET  /health               200 {"status": "ready", queue counters} once the models are loaded, 503 before
 GET  /v1/models            the one served model
 POST /v1/completions       text completion; "stream": true sends one event per accepted group of tokens
@@ -16,15 +17,18 @@ import contextlib
 import hmac
 import logging
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 import specdec
+from specdec.decoding import RoundEvent
 from specdec.errors import SpecDecError
 from specdec.serve.protocol import APIError, GenerationRequest, Reply, Served, finish_reason, parse_json, parse_request, sse
 from specdec.serve.stream import TextStream
@@ -35,18 +39,39 @@ log = logging.getLogger("specdec.serve")
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away (never seen by that client)
 
 
+UI = Path(__file__).parent / "ui"
+
+
+def _rejected_text(decode: Callable[[list], str], before: list[int], rejected: list[int]) -> str:
+    """The text of a round's rejected draft tokens as they would have read after ``before`` (the last few
+    tokens of the text they were proposed to continue: leading spaces depend on the context)."""
+    if not rejected:
+        return ""
+    head, whole = decode(before), decode(before + rejected)
+    return whole[len(head):] if whole.startswith(head) else decode(rejected)
+
+
 def _run_generation(served: Served, request: GenerationRequest, job: Job) -> tuple[Any, str, float]:
-    """On the worker thread: generate, emitting ("tokens", (text, n, from_draft)) per accepted group when
-    streaming; returns (output, the text not streamed yet, seconds spent in the queue)."""
-    stream = TextStream(served.target.decode, request.config.stop) if request.stream else None
+    """On the worker thread: generate, emitting ("tokens", chunk extension) per target call when streaming
+    (:func:`round_chunk`); returns (output, the text not streamed yet, seconds spent in the queue)."""
+    decode = served.target.decode
+    stream = TextStream(decode, request.config.stop) if request.stream else None
+    context = request.prompt_ids[-8:]  # the text's last tokens, for decoding rejected drafts in place
 
     def on_tokens(ids: list[int], from_draft: list[bool]) -> None:
         job.check()  # raises Cancelled: the client left, or the deadline passed
-        if stream is not None:
-            job.emit("tokens", (stream.push(ids), len(ids), sum(from_draft)))
+
+    def on_round(event: RoundEvent) -> None:
+        job.check()
+        k = sum(event.from_draft)
+        draft_text, target_text = stream.push(event.tokens[:k]), stream.push(event.tokens[k:])
+        rejected_text = _rejected_text(decode, context + event.tokens[:k], event.rejected)
+        context[:] = (context + event.tokens)[-8:]
+        job.emit("tokens", {"tokens": len(event.tokens), "from_draft": k, "drafted": len(event.drafted),
+                            "draft_text": draft_text, "target_text": target_text, "rejected_text": rejected_text})
 
     out = specdec.generate(served.target, request.prompt_ids, draft=request.draft, config=request.config,
-                           on_tokens=on_tokens)
+                           on_tokens=on_tokens if stream is None else None, on_round=on_round if stream else None)
     return out, stream.finish(out.text) if stream is not None else "", job.started - job.arrived
 
 
@@ -82,8 +107,9 @@ async def _disconnect(request: Request) -> None:
 
 
 def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str | None = None,
-               on_load_error: Callable[[BaseException], None] | None = None) -> Starlette:
-    """The application; ``load`` runs once on the worker thread at start-up and returns what is served."""
+               on_load_error: Callable[[BaseException], None] | None = None, ui: bool = True) -> Starlette:
+    """The application; ``load`` runs once on the worker thread at start-up and returns what is served.
+    ``ui``: serve the playground page at ``/`` (its files under ``/ui``)."""
     state: dict[str, Any] = {"served": None, "error": None, "created": int(time.time())}
     worker: Worker | None = None
 
@@ -131,7 +157,9 @@ def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str 
         served = ready(request)
         entry = {"id": served.model_id, "object": "model", "created": state["created"], "owned_by": "specdec",
                  "specdec": {"target": served.target.name, "draft": served.draft_label,
-                             "max_context": served.target.max_context}}
+                             "max_context": served.target.max_context, "api_key_required": bool(api_key),
+                             "precision": served.target.quantization or str(served.target.dtype).replace("torch.", ""),
+                             "block_invariant": bool(getattr(served.target, "block_invariant", False))}}
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def generate(request: Request, chat: bool) -> Response:
@@ -165,8 +193,7 @@ def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str 
             while True:
                 kind, payload = await _next_event(job)
                 if kind == "tokens":
-                    text, n, from_draft = payload
-                    yield sse(reply.chunk(text, specdec={"tokens": n, "from_draft": from_draft}))
+                    yield sse(reply.chunk(payload["draft_text"] + payload["target_text"], specdec=payload))
                     continue
                 if kind == "done":
                     out, tail, queued = payload
@@ -196,8 +223,13 @@ def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str 
     async def internal_error(request: Request, exc: Exception) -> Response:
         return JSONResponse(APIError(500, f"internal server error ({type(exc).__name__})").to_dict(), status_code=500)
 
+    async def page(request: Request) -> Response:
+        return FileResponse(UI / "index.html", headers={"Cache-Control": "no-cache"})
+
+    playground = [Route("/", page, methods=["GET"]), Mount("/ui", StaticFiles(directory=UI), name="ui")] if ui else []
     return Starlette(
         routes=[
+            *playground,
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/completions", completions, methods=["POST"]),
