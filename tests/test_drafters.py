@@ -141,3 +141,93 @@ def test_custom_drafter_plugs_in():
     out = specdec.generate(target, [1, 10, 11], draft=echo, gamma=3, max_new_tokens=20)
     assert out.token_ids == plain.token_ids
     assert len(echo.feedback) == out.stats.target_calls and sum(echo.feedback) == out.stats.accepted
+
+
+# -- the protocol's close(): every level's caches go back to their pools -----------------------------
+
+POOL_KINDS = ["model", "hierarchy", "retokenized", "hierarchy-retokenized", "prompt-lookup"]
+
+
+@pytest.fixture(scope="module")
+def pool_models():
+    from test_retokenized import byte_bpe, tiny_draft
+    from tiny import perturbed
+
+    def static(model):
+        return specdec.load(model.hf_model, tokenizer=model.tokenizer, name=f"{model.name}-static", engine="static")
+
+    base = load_tiny(eos=None)
+    return {"target": static(base), "m1": static(perturbed(base, 0.1)), "m2": static(perturbed(base, 0.3, seed=4)),
+            "other": static(tiny_draft(byte_bpe()))}
+
+
+def _caches_in_use(models) -> int:
+    return sum(used for model in models for _, used in model._caches)
+
+
+@pytest.mark.parametrize("ending", ["success", "error", "cancel"])
+@pytest.mark.parametrize("kind", POOL_KINDS)
+def test_closing_a_generation_gives_every_cache_back(pool_models, kind, ending):
+    from specdec.serve.worker import Cancelled
+
+    m = pool_models
+    draft = {"model": m["m1"], "hierarchy": [m["m1"], m["m2"], "prompt-lookup"], "retokenized": m["other"],
+             "hierarchy-retokenized": [m["m1"], m["other"]], "prompt-lookup": "prompt-lookup"}[kind]
+    models = [m["target"], *[d for d in (draft if isinstance(draft, list) else [draft]) if not isinstance(d, str)]]
+    held = []
+
+    def on_tokens(ids, from_draft):
+        held.append(_caches_in_use(models))  # one cache per model while the generation runs
+        if ending == "error" and len(held) == 3:
+            raise RuntimeError("the callback failed")
+        if ending == "cancel" and len(held) == 2:
+            raise Cancelled("disconnected")  # what the server raises when a client leaves
+
+    def run():
+        return specdec.generate(m["target"], "w1 w2 w3", draft=draft, gamma=3, max_new_tokens=12, on_tokens=on_tokens)
+
+    caught = None
+    if ending == "success":
+        assert len(run().token_ids) == 12
+    else:
+        with pytest.raises(RuntimeError if ending == "error" else Cancelled) as caught:
+            run()
+    assert held and held[0] == len(models)
+    # every level's cache is back in its pool, free for the next generation, though the exception (its
+    # traceback, its frames, the drafter) is still alive, as in the server's worker; not left to __del__
+    assert _caches_in_use(models) == 0 and (caught is None or caught.value is not None)
+    kept = {model.name: len(model._caches) for model in models}
+    run_again = specdec.generate(m["target"], "w1 w2 w3", draft=draft, gamma=3, max_new_tokens=4)
+    assert len(run_again.token_ids) == 4 and {model.name: len(model._caches) for model in models} == kept  # reused
+
+
+def test_a_drafter_with_the_three_core_methods_gets_the_rest():
+    from specdec.drafters.base import Completed
+
+    class Bare:  # the protocol of earlier releases
+        name = "bare"
+
+        def start(self, context): ...
+        def propose(self, sequence, k): ...
+        def update(self, n): ...
+
+    bare = make_drafter(Bare(), load_tiny())
+    assert isinstance(bare, Completed) and isinstance(bare, Drafter) and bare.name == "bare"
+    assert (bare.forward_passes, bare.step_widths(4), bare.stats().levels, bare.close()) == (0, {}, [], None)
+
+
+def test_your_own_drafter_from_the_readme():
+    from specdec.drafters import Draft, DrafterBase
+
+    class RepeatLast(DrafterBase):
+        """Proposes the last token again, k times (a one-hot q: the target accepts x with probability p(x))."""
+
+        name = "repeat-last"
+
+        def propose(self, sequence, k):
+            return Draft.from_ids([sequence[-1]] * k, self.context.device)
+
+    target = load_tiny()
+    out = specdec.generate(target, "w1 w2 w3", draft=RepeatLast(), gamma=3, max_new_tokens=10)
+    assert out.token_ids == specdec.generate(target, "w1 w2 w3", max_new_tokens=10).token_ids
+    assert out.stats.drafted > 0 and out.stats.levels == [] and RepeatLast().step_widths(3) == {}

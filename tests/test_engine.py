@@ -127,10 +127,13 @@ def test_prepare_steps_gives_each_model_the_widths_of_its_role(target, emulated_
         return [sorted(cache.graphs) for cache, _ in model._caches]
 
     model, m1, m2 = captured(target), captured(perturbed(target, 0.05)), captured(perturbed(target, 0.3, seed=4))
-    prepare_steps(model, [[m1, m2, "prompt-lookup"], "bigram", model], [3], 40)
+    prepare_steps(model, [[m1, m2, "prompt-lookup"], "bigram", model], [3], len(PROMPT) + N_NEW + 1)
     # target: 1 and gamma + 1; levels with a level below verify (gamma + 1) besides drafting (1, 2); the
-    # target as its own draft is prepared as the target only
+    # target as its own draft is prepared as the target only (Drafter.step_widths)
     assert (widths(model), widths(m1), widths(m2)) == ([[1, 4]], [[1, 2, 4]], [[1, 2, 4]])
+    prepared = [widths(m) for m in (model, m1, m2)]
+    specdec.generate(model, PROMPT, draft=[m1, m2, "prompt-lookup"], gamma=3, max_new_tokens=N_NEW)
+    assert [widths(m) for m in (model, m1, m2)] == prepared  # the hierarchy's generation captured nothing more
     plain = captured(target)
     prepare_steps(plain, [], [3])
     assert widths(plain) == [[1]]

@@ -51,6 +51,8 @@ def tiny_draft(tokenizer, seed: int = 5, eos: int | None = None, sharp: float = 
 class OracleSession:
     """Spells ``reference`` text: after a prefix of it, all mass on the first token of the rest's encoding."""
 
+    capacity = None  # as a dynamic session: as many positions as the model's context
+
     def __init__(self, model: "OracleModel"):
         self.model, self.ids, self.forward_passes = model, [], 0
 

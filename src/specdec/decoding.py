@@ -23,6 +23,7 @@ from specdec.acceptance import verify
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import Draft, DraftContext, make_drafter
+from specdec.drafters.base import merge_widths
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import check_prompt_fits
@@ -171,18 +172,18 @@ def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence
                   max_positions: int | None = None) -> None:
     """With CUDA graphs, capture (and compile) now the step widths generations with ``drafts`` (each what
     ``generate(draft=...)`` takes; none: plain decoding) and these gammas will run, so that no capture lands
-    inside a timed or waited-for generation (:meth:`LanguageModel.prepare_steps`). The widths of this loop:
-    the target's one token and gamma + 1; a model draft's one token and its two-token catch-up; a model with
-    a level drafting below it (a hierarchy) verifies too: up to two pending tokens and at most gamma - 1
-    inner drafts (it leaves room for its own token), so gamma + 1. A narrower step runs padded in the next
-    wider graph."""
-    verify = [g + 1 for g in gammas]
-    target.prepare_steps([1] + (verify if drafts else []), max_positions)
+    inside a timed or waited-for generation (:meth:`LanguageModel.prepare_steps`). The target runs one token
+    (plain steps) and gamma + 1 (verification); each drafter says what its models run
+    (:meth:`~specdec.drafters.base.Drafter.step_widths`). A narrower step runs padded in the next wider graph."""
+    widths: dict[Any, set[int]] = {target: {1} | ({g + 1 for g in gammas} if drafts else set())}
     for draft in drafts:
-        levels = draft if isinstance(draft, (list, tuple)) else [draft]
-        for i, level in enumerate(levels):
-            if isinstance(level, LanguageModel) and level is not target:
-                level.prepare_steps([1, 2] + (verify if i + 1 < len(levels) else []), max_positions)
+        for gamma in gammas:
+            drafter = make_drafter(draft, target, inner_gamma=gamma)
+            if drafter is not None:  # the target as its own draft is prepared for its own role only
+                widths = merge_widths(widths, {m: w for m, w in drafter.step_widths(gamma).items() if m is not target})
+    for model, model_widths in widths.items():
+        if isinstance(model, LanguageModel):
+            model.prepare_steps(sorted(model_widths), max_positions)
 
 
 def _check_names(target: Any, draft: Any) -> None:
@@ -243,9 +244,12 @@ class _Run:
     on_round: RoundCallback | None = None
 
     def close(self) -> None:
-        self.session.close()
-        if self.drafter is not None and getattr(self.drafter, "session", None) is not None:
-            self.drafter.session.close()
+        """Give every cache back to its model's pool: the target's and every draft level's."""
+        try:
+            self.session.close()
+        finally:
+            if self.drafter is not None:
+                self.drafter.close()
 
 
 def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config: GenerationConfig, seed: int,
@@ -363,13 +367,10 @@ def _finish(run: _Run) -> GenerationOutput:
         stats.not_exact_reason = (f"the target is quantized ({target.quantization}) without block invariance: its "
                                   "logits depend on how many tokens a forward pass covers, so verification is not "
                                   "token-identical to its own plain decoding")
-    level = drafter
-    while level is not None:  # a draft with another tokenizer, at any level of a hierarchy
-        stats.time_convert += getattr(level, "convert_seconds", 0.0)
-        level = getattr(level, "inner", None)
-    if hasattr(drafter, "level_stats"):
-        stats.levels = drafter.level_stats()
     if drafter is not None:
+        report = drafter.stats()
+        stats.time_convert += report.time_convert
+        stats.levels = report.levels
         stats.schedule = run.schedule.report()
     text = run.stop_text if run.stop_text is not None else target.decode(token_ids)
     return GenerationOutput(text, token_ids, run.from_draft[: len(token_ids)], list(run.prompt_ids), stats, config)

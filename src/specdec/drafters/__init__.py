@@ -2,15 +2,15 @@
 
 Built in: a smaller model with the target's tokenizer, a model with another tokenizer (it drafts
 text, see :mod:`specdec.drafters.retokenized`), prompt lookup (copy from the context), unigram and
-bigram models, and random tokens. Anything with ``start``/``propose``/``update``
-(see :class:`~specdec.drafters.base.Drafter`) works too.
+bigram models, and random tokens. Your own: subclass :class:`~specdec.drafters.base.DrafterBase` and write
+``propose`` (the protocol: :class:`~specdec.drafters.base.Drafter`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterBase
+from specdec.drafters.base import CORE, Completed, Draft, DraftContext, Drafter, DrafterBase, DrafterStats
 from specdec.drafters.hierarchical import SpeculativeDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
@@ -21,7 +21,7 @@ from specdec.drafters.spec import as_draft_error, is_spec, load_draft
 from specdec.errors import SpecDecError
 
 __all__ = [
-    "Draft", "DraftContext", "Drafter", "DrafterBase", "ModelDrafter", "NGramDrafter",
+    "Draft", "DraftContext", "Drafter", "DrafterBase", "DrafterStats", "ModelDrafter", "NGramDrafter",
     "PromptLookupDrafter", "RandomDrafter", "RetokenizedDrafter", "SpeculativeDrafter", "find_continuation", "make_drafter", "DRAFTER_NAMES",
 ]
 
@@ -71,6 +71,8 @@ def make_drafter(spec: Any, target: Any, dtype: Any = None, inner_gamma: int = 4
         return DRAFTER_NAMES[spec]()
     if isinstance(spec, Drafter) and not isinstance(spec, LanguageModel):
         return spec
+    if all(callable(getattr(spec, m, None)) for m in CORE):
+        return Completed(spec)  # start / propose / update only (earlier releases' protocol): the rest defaults
     if isinstance(spec, str):
         try:
             spec = load(spec, dtype=dtype if dtype is not None else target.dtype, device=target.device)

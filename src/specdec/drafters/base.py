@@ -5,19 +5,31 @@ sampled each one from, and then hears how many of them the target accepted. A dr
 no probabilities (prompt lookup, for example) counts as a one-hot q on each proposed token: the
 target then accepts token x with probability p(x).
 
+A generation calls, in order: ``start(context)``; per round ``propose(sequence, k)`` then
+``update(n)``; at its end ``stats()`` and, always (also after an error or a cancellation), ``close()``.
+``step_widths(gamma)`` says before any generation which forward widths the drafter's models will run,
+so that captured steps can be prepared ahead. :class:`DrafterBase` gives every method but ``propose``
+a default; subclass it (an object with only start / propose / update is completed with those defaults).
+
 Drafters may also offer ``distribution`` and ``observe`` (see :class:`DrafterBase`), which exact
 speculative beam search uses; they are optional, so they are not part of the :class:`Drafter` protocol.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from specdec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.models import LanguageModel
+
+# step_widths: for each model a drafter runs, the numbers of tokens its forward passes feed.
+StepWidths = dict["LanguageModel", set[int]]
 
 
 @dataclass
@@ -80,6 +92,19 @@ class DraftContext:
         return torch.Generator().manual_seed(self.generator.initial_seed())
 
 
+@dataclass
+class DrafterStats:
+    """What a drafter reports at the end of a generation (merged into :class:`specdec.GenerationStats`).
+
+    levels: one entry per model level of a hierarchy (``GenerationStats.to_dict()`` of that level's own
+      verification steps, with its ``level`` name); empty for a one-level drafter.
+    time_convert: seconds spent converting between tokenizers (a draft with another tokenizer, at any level).
+    """
+
+    levels: list[dict[str, Any]] = field(default_factory=list)
+    time_convert: float = 0.0
+
+
 @runtime_checkable
 class Drafter(Protocol):
     name: str
@@ -89,14 +114,40 @@ class Drafter(Protocol):
         """Forget the previous generation and prepare for a new one."""
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
-        """Up to k tokens that continue ``sequence`` (the whole decoder sequence so far)."""
+        """Up to k tokens that continue ``sequence`` (the whole decoder sequence so far):
+        Draft(tokens [k'] long, q [k', V] float32 or None), k' <= k, on ``context.device``."""
 
     def update(self, n_accepted: int) -> None:
         """Feedback after verification: how many of the last proposal's tokens were accepted."""
 
+    def stats(self) -> DrafterStats:
+        """This generation's statistics of the drafter's own levels (called before ``close``)."""
+
+    def close(self) -> None:
+        """Give back what the generation holds: every level's model sessions, whose static caches return to
+        their models' pools. Called at the end of every generation, also on an error or a cancellation;
+        idempotent; ``start`` may follow."""
+
+    def step_widths(self, gamma: int) -> StepWidths:
+        """{model: the token counts its forward passes feed} when the target asks for up to ``gamma`` tokens
+        per round (the prefill aside); {} for a drafter without a model."""
+
+
+CORE = ("start", "propose", "update")  # what a drafter must write; DrafterBase (or Completed) gives the rest
+
+
+def merge_widths(*parts: StepWidths) -> StepWidths:
+    """The union of several drafters' (or levels') step widths, model by model."""
+    merged: StepWidths = {}
+    for part in parts:
+        for model, widths in part.items():
+            merged.setdefault(model, set()).update(widths)
+    return merged
+
 
 class DrafterBase:
-    """Default bookkeeping for drafters: stores the context, counts nothing, ignores feedback.
+    """Default bookkeeping for drafters: stores the context, counts nothing, ignores feedback, holds
+    nothing to close, runs no model.
 
     Two optional methods, used by exact speculative beam search (:mod:`specdec.beam`), which queries
     many sequences that are not the decoded one (the nodes of its draft tree):
@@ -117,8 +168,49 @@ class DrafterBase:
     def update(self, n_accepted: int) -> None:
         return None
 
+    def stats(self) -> DrafterStats:
+        return DrafterStats()
+
+    def close(self) -> None:
+        return None
+
+    def step_widths(self, gamma: int) -> StepWidths:
+        return {}
+
     def distribution(self, sequence: Sequence[int]) -> torch.Tensor | None:
         return None
 
     def observe(self, sequence: Sequence[int]) -> None:
         return None
+
+
+class Completed(DrafterBase):
+    """A drafter object with only ``start`` / ``propose`` / ``update`` (the protocol of earlier releases, or a
+    duck-typed class), completed with DrafterBase's ``stats`` / ``close`` / ``step_widths``: it holds nothing
+    to close and runs no model that specdec would prepare steps for."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    @property
+    def forward_passes(self) -> int:  # type: ignore[override]
+        return getattr(self.inner, "forward_passes", 0)
+
+    def start(self, context: DraftContext) -> None:
+        super().start(context)
+        self.inner.start(context)
+
+    def propose(self, sequence: Sequence[int], k: int) -> Draft:
+        return self.inner.propose(sequence, k)
+
+    def update(self, n_accepted: int) -> None:
+        self.inner.update(n_accepted)
+
+    def distribution(self, sequence: Sequence[int]) -> torch.Tensor | None:
+        ask = getattr(self.inner, "distribution", None)  # beam search's optional methods, where it has them
+        return ask(sequence) if ask is not None else None
+
+    def observe(self, sequence: Sequence[int]) -> None:
+        if (tell := getattr(self.inner, "observe", None)) is not None:
+            tell(sequence)

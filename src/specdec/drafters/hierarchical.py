@@ -18,7 +18,7 @@ import torch
 
 from specdec.acceptance import verify
 from specdec.devices import RoundClock
-from specdec.drafters.base import Draft, DraftContext, Drafter
+from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterStats, StepWidths, merge_widths
 from specdec.drafters.model import ModelDrafter, fit_width
 from specdec.models import LanguageModel
 from specdec.stats import GenerationStats
@@ -28,7 +28,7 @@ class SpeculativeDrafter(ModelDrafter):
     """Level-1 drafter: ``model`` proposes tokens by speculative decoding with ``inner`` as its draft.
 
     inner_gamma: tokens ``inner`` proposes per verification by ``model``.
-    ``stats`` counts this level's own verification steps (calls of ``model``, drafted/accepted tokens
+    ``round_stats`` counts this level's own verification steps (calls of ``model``, drafted/accepted tokens
     of ``inner``, alpha between ``model`` and ``inner``, time in ``inner`` and in ``model``). Each of
     its rounds reads the number of accepted tokens back from the device (one sync per inner round).
     """
@@ -38,13 +38,13 @@ class SpeculativeDrafter(ModelDrafter):
         self.inner = inner
         self.inner_gamma = inner_gamma
         self.name = f"{model.name}<-{inner.name}"
-        self.stats = GenerationStats()
+        self.round_stats = GenerationStats()
 
     def start(self, context: DraftContext) -> None:
         super().start(context)  # M_1's session, as for a plain model draft
         # The inner drafter sees the same random source and standardization, with M_1's width.
         self.inner.start(context)
-        self.stats = GenerationStats()
+        self.round_stats = GenerationStats()
         self.clock = RoundClock(context.device)
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
@@ -62,7 +62,7 @@ class SpeculativeDrafter(ModelDrafter):
             if kk > 0:
                 before = self.inner.forward_passes
                 inner = self.inner.propose(prefix, min(self.inner_gamma, kk))
-                self.stats.draft_calls += self.inner.forward_passes - before
+                self.round_stats.draft_calls += self.inner.forward_passes - before
             else:
                 inner = Draft.empty(ctx.device)
             t1 = clock.mark()
@@ -75,9 +75,9 @@ class SpeculativeDrafter(ModelDrafter):
             self.session.rollback(len(prefix) + n)  # M_1 keeps the accepted inner tokens, not its own
             if result.p is not None:
                 qs.extend(result.p[: n + 1])  # each emitted token was drawn from M_1's row at its position
-            self.stats.time_draft += clock.seconds(t0, t1)
-            self.stats.time_target += clock.seconds(t1, t2)
-            self.stats.record_step(g, n, betas)
+            self.round_stats.time_draft += clock.seconds(t0, t1)
+            self.round_stats.time_target += clock.seconds(t1, t2)
+            self.round_stats.record_step(g, n, betas)
             self.inner.update(n)
             tokens.extend(new)
             prefix.extend(new)
@@ -85,8 +85,8 @@ class SpeculativeDrafter(ModelDrafter):
                 break  # nothing after an end-of-sequence token can be accepted
         tokens = tokens[:k]
         self._proposed = (len(sequence), len(tokens))
-        self.stats.new_tokens += len(tokens)
-        self.stats.time_total += clock.seconds(t_start, clock.mark())
+        self.round_stats.new_tokens += len(tokens)
+        self.round_stats.time_total += clock.seconds(t_start, clock.mark())
         q = torch.stack(qs[: len(tokens)]) if qs else None
         return Draft.from_ids(tokens, ctx.device, q)
 
@@ -109,8 +109,17 @@ class SpeculativeDrafter(ModelDrafter):
         if isinstance(self.inner, ModelDrafter):
             self.inner.truncate(length)
 
-    def level_stats(self) -> list[dict]:
-        """Statistics of this level, then of the levels below it."""
-        mine = {"level": self.name, **self.stats.to_dict()}
-        below = self.inner.level_stats() if hasattr(self.inner, "level_stats") else []
-        return [mine, *below]
+    def stats(self) -> DrafterStats:
+        """This level's statistics, then the levels' below it."""
+        below = self.inner.stats()
+        return DrafterStats([{"level": self.name, **self.round_stats.to_dict()}, *below.levels], below.time_convert)
+
+    def close(self) -> None:
+        super().close()
+        self.inner.close()
+
+    def step_widths(self, gamma: int) -> StepWidths:
+        """A level that verifies the level below it runs its pending tokens (the levels above add theirs) plus
+        at most gamma - 1 inner drafts: gamma + 1 covers it, narrower steps padded into it. The level below
+        is prepared for the same gamma (its pending tokens can be more than two)."""
+        return merge_widths({self.model: {1, 2, gamma + 1}}, self.inner.step_widths(gamma))

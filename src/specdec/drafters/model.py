@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, DraftContext, DrafterBase
+from specdec.drafters.base import Draft, DraftContext, DrafterBase, StepWidths
 from specdec.models import LanguageModel
 from specdec.sampling import argmax, sample, standardize
 
@@ -48,8 +48,7 @@ class ModelDrafter(DrafterBase):
 
     def start(self, context: DraftContext) -> None:
         super().start(context)
-        if self.session is not None:
-            self.session.close()
+        self.close()
         self.session, sequence = self.model.start(context.prompt_ids, context.max_positions)
         self.session.prefill(sequence[:-1])  # the last token is fed by the first proposal
         self._proposed = None
@@ -92,6 +91,16 @@ class ModelDrafter(DrafterBase):
             length, k = self._proposed
             self.session.rollback(length + min(n_accepted, max(k - 1, 0)))
             self._proposed = None
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def step_widths(self, gamma: int) -> StepWidths:
+        """One token per drafted token; the first step of a round also feeds the target's token and, after
+        a fully accepted round, the last drafted one (2). A longer catch-up (after plain rounds) runs wider."""
+        return {self.model: {1, 2}}
 
     def truncate(self, length: int) -> None:
         """Forget cached positions from ``length`` on: a level above rejected what they held."""

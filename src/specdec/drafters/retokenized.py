@@ -32,11 +32,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, DraftContext, DrafterBase
+from specdec.drafters.base import Draft, DraftContext, DrafterBase, DrafterStats, StepWidths
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
-from specdec.models.graphs import MAX_GRAPH_WIDTH
-from specdec.models.session import StaticSession, common_prefix_length
+from specdec.models.session import common_prefix_length
 from specdec.sampling import argmax, sample, standardize
 
 INCOMPLETE = "\ufffd"  # what a decoder writes for the bytes of a character that is not complete yet
@@ -208,9 +207,7 @@ class RetokenizedDrafter(DrafterBase):
 
     def start(self, context: DraftContext) -> None:
         super().start(context)
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        self.close()
         self.convert_seconds = 0.0
         t0 = time.perf_counter()
         self.target = TokenText(self.target_tokenizer)
@@ -230,6 +227,19 @@ class RetokenizedDrafter(DrafterBase):
         if len(prompt) > 1:
             self.session.prefill(prompt[:-1])  # the last token is fed by the first proposal
 
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def stats(self) -> DrafterStats:
+        return DrafterStats(time_convert=self.convert_seconds)
+
+    def step_widths(self, gamma: int) -> StepWidths:
+        """One token per drafted token after a catch-up of the text the target added: its width varies with
+        the tokenizers (a few tokens; a long one runs wider)."""
+        return {self.model: {1, 2, 4}}
+
     def _pick_target_eos(self, context: DraftContext) -> int | None:
         eos = getattr(self.target_tokenizer, "eos_token_id", None)
         if eos in context.eos_token_ids:
@@ -238,10 +248,8 @@ class RetokenizedDrafter(DrafterBase):
 
     def _room(self) -> int:
         """Positions the draft's cache can still take."""
-        limit = self.model.max_context or 1 << 30
-        if isinstance(self.session, StaticSession):
-            limit = min(limit, self.session.cache.capacity - MAX_GRAPH_WIDTH)
-        return limit - self.session.length
+        limits = [n for n in (self.model.max_context, self.session.capacity) if n is not None]
+        return min(limits, default=1 << 30) - self.session.length
 
     def _timed(self, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()

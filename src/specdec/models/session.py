@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from specdec.models.graphs import graph_for, static_step
+from specdec.models.graphs import MAX_GRAPH_WIDTH, graph_for, static_step
 from specdec.models.kv_cache import cache_argument, preallocated_cache
 from specdec.models.static_cache import StaticKVCache
 
@@ -109,6 +109,11 @@ class ModelSession:
     def close(self) -> None:
         """Give shared resources back (a static cache returns to its model's pool)."""
 
+    @property
+    def capacity(self) -> int | None:
+        """The most positions this session can hold (None: as many as the model's context)."""
+        return None
+
     def _extend(self, ids: torch.Tensor, n_logits: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -171,6 +176,10 @@ class StaticSession(ModelSession):
 
     def _truncate(self, length: int) -> None:
         return None  # stale positions are masked, then overwritten
+
+    @property
+    def capacity(self) -> int | None:
+        return self.cache.capacity - MAX_GRAPH_WIDTH  # room kept for the widest padded step
 
     def close(self) -> None:
         if self.cache is not None:
