@@ -44,7 +44,7 @@ def test_level_statistics(target):
     levels = out.stats.levels
     assert [lvl["level"].count("<-") for lvl in levels] == [2, 1]  # m1<-(m2<-lookup), then m2<-lookup
     top = levels[0]
-    assert top["target_calls"] > 0 and top["new_tokens"] >= out.stats.drafted
+    assert top["calls"] > 0 and top["new_tokens"] >= out.stats.drafted
     assert 0.0 <= top["alpha"] <= 1.0
     assert "level" in out.stats.summary()
 
@@ -98,3 +98,25 @@ def test_lower_levels_forget_what_the_target_rejected(target, temperature):
     assert out.stats.accepted < out.stats.drafted  # the target did reject some tokens
     level = out.stats.levels[0]
     assert level["drafted"] > 0 and level["accepted"] == level["drafted"]
+
+
+def test_every_level_runs_the_generations_own_round(target, monkeypatch):
+    """One round function (specdec.rounds.speculative_round) for the target and for each level below it."""
+    import specdec.decoding
+    import specdec.rounds
+
+    calls = []
+    original = specdec.rounds.speculative_round
+
+    def counted(session, drafter, *args, **kwargs):
+        calls.append(getattr(drafter, "name", None))
+        return original(session, drafter, *args, **kwargs)
+
+    monkeypatch.setattr(specdec.rounds, "speculative_round", counted)
+    monkeypatch.setattr(specdec.decoding, "speculative_round", counted)
+    m1, m2 = perturbed(target, 0.05), perturbed(target, 0.3, seed=2)
+    out = specdec.generate(target, PROMPT, draft=[m1, m2, "prompt-lookup"], gamma=3, max_new_tokens=30)
+    top, middle = out.stats.levels
+    assert calls.count(f"{m1.name}<-{m2.name}<-prompt-lookup") == out.stats.target_calls
+    assert calls.count(f"{m2.name}<-prompt-lookup") == top["calls"] and calls.count("prompt-lookup") == middle["calls"]
+    assert len(calls) == out.stats.target_calls + top["calls"] + middle["calls"]

@@ -115,7 +115,7 @@ def test_a_generation_reads_the_device_once_per_round(pair, engine_name, setting
         label = getattr(draft, "name", draft)
         assert reads.counts == {}, label  # no scalar read or value-shaped op anywhere in the generation
         # and one read-back per round; a hierarchy's level 1 reads once per round of its own too
-        inner_rounds = sum(level["target_calls"] for level in out.stats.levels)
+        inner_rounds = sum(level["calls"] for level in out.stats.levels)
         assert len(read_backs) == out.stats.target_calls + inner_rounds, label
         assert inner_rounds > 0 if isinstance(draft, list) else inner_rounds == 0
         assert copies == ["tolist"] * len(read_backs), label  # the read-back's one copy, and no other

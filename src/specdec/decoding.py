@@ -19,14 +19,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specdec.acceptance import verify
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
-from specdec.drafters import Draft, DraftContext, make_drafter
+from specdec.drafters import DraftContext, make_drafter
 from specdec.drafters.base import merge_widths
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import check_prompt_fits
+from specdec.rounds import speculative_round
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -279,37 +279,21 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
 
 
 def _round(run: _Run) -> None:
-    """One draft-verify round; sets ``run.stats.stop_reason`` when the generation ends."""
-    config, stats, clock, drafter = run.config, run.stats, run.clock, run.drafter
+    """One draft-verify round of the target; sets ``run.stats.stop_reason`` when the generation ends."""
+    config, drafter = run.config, run.drafter
     generated = len(run.sequence) - run.start_len
     # Never draft past the budget: n accepted + 1 target token must fit.
     k = min(run.schedule.next_gamma(), run.limit - generated - 1) if drafter is not None else 0
-    t0 = clock.mark()
-    if k > 0:
-        calls_before = drafter.forward_passes
-        proposal = drafter.propose(run.sequence, k)
-        stats.draft_calls += drafter.forward_passes - calls_before
-    else:
-        proposal = Draft.empty(run.last.device)
-    t1 = clock.mark()
-    g = len(proposal)
-    logits = run.session.extend(torch.cat([run.last, proposal.tokens]), g + 1)  # [g + 1, V]
-    result = verify(logits, proposal.tokens, proposal.q, config.sampling, run.generator, config.lenience,
-                    config.verification)
-    t2 = clock.mark()
-    new, n, betas = result.read()  # the round's one synchronization
-    time_draft, time_target = clock.seconds(t0, t1), clock.seconds(t1, t2)
-    stats.time_draft += time_draft
-    stats.time_target += time_target
-    stats.record_step(g, n, betas)
-    run.session.rollback(len(run.sequence) + n)  # the sequence and the accepted drafts, not the new token
-    run.last = result.tokens[n: n + 1]
+    r = speculative_round(run.session, drafter, run.sequence, k, run.last, config.sampling, run.generator, run.clock,
+                          lenience=config.lenience, verification=config.verification)
+    run.stats.record_round(r)
+    run.last = r.result.tokens[r.n: r.n + 1]  # [1] the target's token, on the device
     if drafter is not None:
-        drafter.update(n)
-        run.schedule.update(StepFeedback(g, n, betas, time_draft, time_target, run.session.last_pass_tokens))
-    added = _append(run, new, [True] * n + [False])
+        run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
+                                         run.session.last_pass_tokens))
+    added = _append(run, r.new, [True] * r.n + [False])
     if run.on_round is not None:
-        run.on_round(RoundEvent(proposal.tokens.tolist(), n, added, run.from_draft[len(run.from_draft) - len(added):]))
+        run.on_round(RoundEvent(r.proposal.tokens.tolist(), r.n, added, run.from_draft[len(run.from_draft) - len(added):]))
 
 
 def _append(run: _Run, new: list[int], origins: list[bool]) -> list[int]:

@@ -21,30 +21,18 @@ from typing import Any
 
 
 @dataclass
-class GenerationStats:
-    new_tokens: int = 0
-    prompt_tokens: int = 0
-    target_calls: int = 0  # serial forward passes of the target (prefill included)
-    draft_calls: int = 0  # forward passes of a model draft (0 for parameter-free drafts)
+class RoundTally:
+    """Drafted and accepted tokens and beta over a series of rounds: a generation's (the target verifying
+    the draft) or a hierarchy level's (a draft model verifying the level below it)."""
+
     drafted: int = 0
     accepted: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     beta_sum: float = 0.0
     beta_count: int = 0
-    time_draft: float = 0.0
-    time_target: float = 0.0
-    time_convert: float = 0.0  # part of time_draft: a draft with another tokenizer, converting text and tokens
-    time_total: float = 0.0
-    seed: int | None = None
-    stop_reason: str = ""
-    exact: bool = True  # False when lenience < 1, or a quantized target that is not block-invariant verifies drafts
-    not_exact_reason: str | None = None
-    levels: list[dict[str, Any]] = field(default_factory=list)  # hierarchical drafting: one entry per draft level
-    schedule: dict[str, Any] = field(default_factory=dict)  # the gamma schedule's final state (GammaSchedule.report)
 
-    def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
-        self.target_calls += 1
+    def tally(self, drafted: int, accepted: int, betas: list[float]) -> None:
         self.drafted += drafted
         self.accepted += accepted
         while len(self.drafted_per_position) < drafted:
@@ -66,13 +54,42 @@ class GenerationStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
     @property
+    def alpha(self) -> float | None:
+        return self.beta_sum / self.beta_count if self.beta_count else None
+
+
+@dataclass
+class GenerationStats(RoundTally):
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    target_calls: int = 0  # serial forward passes of the target (prefill included)
+    draft_calls: int = 0  # forward passes of a model draft (0 for parameter-free drafts)
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_convert: float = 0.0  # part of time_draft: a draft with another tokenizer, converting text and tokens
+    time_total: float = 0.0
+    seed: int | None = None
+    stop_reason: str = ""
+    exact: bool = True  # False when lenience < 1, or a quantized target that is not block-invariant verifies drafts
+    not_exact_reason: str | None = None
+    levels: list[dict[str, Any]] = field(default_factory=list)  # hierarchical drafting: LevelStats.to_dict() per level
+    schedule: dict[str, Any] = field(default_factory=dict)  # the gamma schedule's final state (GammaSchedule.report)
+
+    def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
+        self.target_calls += 1
+        self.tally(drafted, accepted, betas)
+
+    def record_round(self, r: Any) -> None:
+        """A target call of the generation (:class:`specdec.rounds.Round`)."""
+        self.draft_calls += r.draft_calls
+        self.time_draft += r.time_draft
+        self.time_target += r.time_verify
+        self.record_step(r.drafted, r.n, r.betas)
+
+    @property
     def mean_accepted_length(self) -> float | None:
         """Tokens per target call, the residual/bonus token included (plain decoding: 1.0)."""
         return self.new_tokens / self.target_calls if self.target_calls else None
-
-    @property
-    def alpha(self) -> float | None:
-        return self.beta_sum / self.beta_count if self.beta_count else None
 
     @property
     def time_other(self) -> float:
@@ -124,9 +141,9 @@ class GenerationStats:
         ]
         for level in self.levels:
             lines.append(
-                f"  level {level['level']}: calls {level['target_calls']}, drafted {level['drafted']}, "
+                f"  level {level['level']}: calls {level['calls']}, drafted {level['drafted']}, "
                 f"accepted {level['accepted']}, alpha {fmt(level['alpha'])}, "
-                f"time verify {level['time_target_s']:.2f} s, inner draft {level['time_draft_s']:.2f} s"
+                f"time verify {level['time_verify_s']:.2f} s, inner draft {level['time_inner_draft_s']:.2f} s"
             )
         if self.schedule.get("name") == "adaptive" and self.schedule.get("c") is not None:
             sch = self.schedule
@@ -139,3 +156,43 @@ class GenerationStats:
             lines.append("NOT EXACT: " + (self.not_exact_reason or "lenience < 1, the output does not follow the "
                                           "target's distribution"))
         return "\n".join(lines)
+
+
+@dataclass
+class LevelStats(RoundTally):
+    """A model level of a hierarchy (the report's Algorithm 3): its own rounds, in which its model verifies
+    the level below it. ``calls``: its model's verification passes; ``draft_calls``: the level below's
+    forward passes; ``new_tokens``: tokens it proposed to the level above."""
+
+    level: str = ""
+    calls: int = 0
+    draft_calls: int = 0
+    new_tokens: int = 0
+    time_inner_draft: float = 0.0
+    time_verify: float = 0.0
+    time_total: float = 0.0
+
+    def record_round(self, r: Any) -> None:
+        """One of this level's rounds (:class:`specdec.rounds.Round`)."""
+        self.calls += 1
+        self.draft_calls += r.draft_calls
+        self.time_inner_draft += r.time_draft
+        self.time_verify += r.time_verify
+        self.tally(r.drafted, r.n, r.betas)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "calls": self.calls,
+            "draft_calls": self.draft_calls,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_per_position": self.acceptance_per_position,
+            "alpha": self.alpha,
+            "new_tokens": self.new_tokens,
+            "tokens_per_call": self.new_tokens / self.calls if self.calls else None,
+            "time_verify_s": self.time_verify,
+            "time_inner_draft_s": self.time_inner_draft,
+            "time_total_s": self.time_total,
+        }

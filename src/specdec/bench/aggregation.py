@@ -91,7 +91,7 @@ def summarize_levels(runs: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any
         mine = [levels[index] for levels in runs if index < len(levels)]
         if not mine:
             continue
-        calls = sum(m["target_calls"] for m in mine)
+        calls = sum(m["calls"] for m in mine)
         drafted = sum(m["drafted"] for m in mine)
         accepted = sum(m["accepted"] for m in mine)
         betas = [(m["alpha"], m["drafted"]) for m in mine if m.get("alpha") is not None]
@@ -104,8 +104,8 @@ def summarize_levels(runs: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any
             # alpha between this level's model and the level below it, weighted by drafted tokens
             "alpha": ratio(sum(a * d for a, d in betas), sum(d for _, d in betas)) if betas else None,
             "tokens_per_call": ratio(sum(m["new_tokens"] for m in mine), calls),
-            "time_verify_s": sum(m["time_target_s"] for m in mine),
-            "time_inner_draft_s": sum(m["time_draft_s"] for m in mine),
+            "time_verify_s": sum(m["time_verify_s"] for m in mine),
+            "time_inner_draft_s": sum(m["time_inner_draft_s"] for m in mine),
         })
     return out
 

@@ -16,21 +16,20 @@ from typing import Sequence
 
 import torch
 
-from specdec.acceptance import verify
 from specdec.devices import RoundClock
 from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterStats, StepWidths, merge_widths
-from specdec.drafters.model import ModelDrafter, fit_width
+from specdec.drafters.model import ModelDrafter
 from specdec.models import LanguageModel
-from specdec.stats import GenerationStats
+from specdec.stats import LevelStats
 
 
 class SpeculativeDrafter(ModelDrafter):
     """Level-1 drafter: ``model`` proposes tokens by speculative decoding with ``inner`` as its draft.
 
     inner_gamma: tokens ``inner`` proposes per verification by ``model``.
-    ``round_stats`` counts this level's own verification steps (calls of ``model``, drafted/accepted tokens
-    of ``inner``, alpha between ``model`` and ``inner``, time in ``inner`` and in ``model``). Each of
-    its rounds reads the number of accepted tokens back from the device (one sync per inner round).
+    Each proposal runs rounds of :func:`specdec.rounds.speculative_round`, the generation's own round one
+    level down; ``level`` (:class:`~specdec.stats.LevelStats`) counts them (calls of ``model``, drafted and
+    accepted tokens of ``inner``, alpha between the two, time in each). Each round reads back once.
     """
 
     def __init__(self, model: LanguageModel, inner: Drafter, inner_gamma: int = 4):
@@ -38,55 +37,41 @@ class SpeculativeDrafter(ModelDrafter):
         self.inner = inner
         self.inner_gamma = inner_gamma
         self.name = f"{model.name}<-{inner.name}"
-        self.round_stats = GenerationStats()
+        self.level = LevelStats(level=self.name)
 
     def start(self, context: DraftContext) -> None:
         super().start(context)  # M_1's session, as for a plain model draft
         # The inner drafter sees the same random source and standardization, with M_1's width.
         self.inner.start(context)
-        self.round_stats = GenerationStats()
+        self.level = LevelStats(level=self.name)
         self.clock = RoundClock(context.device)
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
+        from specdec.rounds import speculative_round  # here: specdec.rounds imports the drafters package
+
         if k <= 0:
             return Draft.empty(self.context.device)
         ctx = self.context
-        clock = self.clock
-        t_start = clock.mark()
+        t_start = self.clock.mark()
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         prefix = list(sequence)
         while len(tokens) < k:
             kk = k - len(tokens) - 1  # leave room for M_1's own residual/bonus token
-            t0 = clock.mark()
-            if kk > 0:
-                before = self.inner.forward_passes
-                inner = self.inner.propose(prefix, min(self.inner_gamma, kk))
-                self.round_stats.draft_calls += self.inner.forward_passes - before
-            else:
-                inner = Draft.empty(ctx.device)
-            t1 = clock.mark()
-            g = len(inner)
             pending = torch.tensor(prefix[self.session.length:], dtype=torch.long).to(ctx.device, non_blocking=True)
-            logits = self.session.extend(torch.cat([pending, inner.tokens]), g + 1)  # [g + 1, V]
-            result = verify(fit_width(logits, ctx.vocab_size), inner.tokens, inner.q, ctx.sampling, ctx.generator)
-            new, n, betas = result.read()
-            t2 = clock.mark()
-            self.session.rollback(len(prefix) + n)  # M_1 keeps the accepted inner tokens, not its own
-            if result.p is not None:
-                qs.extend(result.p[: n + 1])  # each emitted token was drawn from M_1's row at its position
-            self.round_stats.time_draft += clock.seconds(t0, t1)
-            self.round_stats.time_target += clock.seconds(t1, t2)
-            self.round_stats.record_step(g, n, betas)
-            self.inner.update(n)
-            tokens.extend(new)
-            prefix.extend(new)
-            if any(t in ctx.eos_token_ids for t in new):
+            r = speculative_round(self.session, self.inner, prefix, min(self.inner_gamma, kk), pending, ctx.sampling,
+                                  ctx.generator, self.clock, width=ctx.vocab_size)
+            self.level.record_round(r)
+            if r.result.p is not None:
+                qs.extend(r.result.p[: r.n + 1])  # each emitted token was drawn from M_1's row at its position
+            tokens.extend(r.new)
+            prefix.extend(r.new)
+            if any(t in ctx.eos_token_ids for t in r.new):
                 break  # nothing after an end-of-sequence token can be accepted
         tokens = tokens[:k]
         self._proposed = (len(sequence), len(tokens))
-        self.round_stats.new_tokens += len(tokens)
-        self.round_stats.time_total += clock.seconds(t_start, clock.mark())
+        self.level.new_tokens += len(tokens)
+        self.level.time_total += self.clock.seconds(t_start, self.clock.mark())
         q = torch.stack(qs[: len(tokens)]) if qs else None
         return Draft.from_ids(tokens, ctx.device, q)
 
@@ -112,7 +97,7 @@ class SpeculativeDrafter(ModelDrafter):
     def stats(self) -> DrafterStats:
         """This level's statistics, then the levels' below it."""
         below = self.inner.stats()
-        return DrafterStats([{"level": self.name, **self.round_stats.to_dict()}, *below.levels], below.time_convert)
+        return DrafterStats([self.level.to_dict(), *below.levels], below.time_convert)
 
     def close(self) -> None:
         super().close()

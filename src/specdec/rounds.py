@@ -1,0 +1,74 @@
+"""One speculative round (Algorithm 1, one iteration) over a model session: the loop of a generation, and the
+same round one level down inside a hierarchy (a draft model verifying a cheaper draft).
+
+    draft k tokens  ->  one forward pass over [pending + drafts]  ->  verify  ->  one read-back
+    ->  roll the session back to the sequence + accepted drafts  ->  tell the drafter how many it got
+
+The caller owns the sequence (host ids), the statistics (named for its level: ``GenerationStats`` for the
+target, ``LevelStats`` for a level of a hierarchy) and what happens to the emitted tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from specdec.acceptance import Verification, verify
+from specdec.devices import RoundClock
+from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.model import fit_width
+from specdec.sampling import SamplingParams
+
+
+@dataclass
+class Round:
+    """What one round did. new: the emitted tokens (n accepted drafts, then the verifier's token);
+    betas: the verified positions' beta; times in seconds (the draft's proposal; the verifier's pass and
+    the acceptance test)."""
+
+    proposal: Draft
+    result: Verification
+    new: list[int]
+    n: int
+    betas: list[float]
+    draft_calls: int
+    time_draft: float
+    time_verify: float
+
+    @property
+    def drafted(self) -> int:
+        return len(self.proposal)
+
+
+def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[int], k: int, pending: torch.Tensor,
+                      sampling: SamplingParams, generator: torch.Generator, clock: RoundClock, *,
+                      width: int | None = None, lenience: float = 1.0, verification: str = "token") -> Round:
+    """One round: ``drafter`` proposes up to ``k`` tokens continuing ``sequence`` (k = 0 or no drafter: a plain
+    step); the session's model scores ``pending`` (the tokens of ``sequence`` it has not seen, [m] long on the
+    device) and the drafts in one pass; the drafts are verified (``acceptance.verify``) and read back once;
+    the session keeps ``sequence`` and the accepted drafts, not the verifier's own new token.
+
+    width: cut or pad the verifier's logits to this vocabulary width (a hierarchy level's model may pad its
+    embedding table differently from the target's).
+    """
+    t0 = clock.mark()
+    if k > 0 and drafter is not None:
+        before = drafter.forward_passes
+        proposal = drafter.propose(sequence, k)
+        draft_calls = drafter.forward_passes - before
+    else:
+        proposal, draft_calls = Draft.empty(pending.device), 0
+    t1 = clock.mark()
+    g = len(proposal)
+    logits = session.extend(torch.cat([pending, proposal.tokens]), g + 1)  # [g + 1, V]
+    if width is not None:
+        logits = fit_width(logits, width)
+    result = verify(logits, proposal.tokens, proposal.q, sampling, generator, lenience, verification)
+    t2 = clock.mark()
+    new, n, betas = result.read()  # the round's one synchronization
+    session.rollback(len(sequence) + n)  # the sequence and the accepted drafts, not the new token
+    if drafter is not None:
+        drafter.update(n)  # after a plain step too (n = 0 of nothing drafted)
+    return Round(proposal, result, new, n, betas, draft_calls, clock.seconds(t0, t1), clock.seconds(t1, t2))
