@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-import torch
-
-import specdec
+import specdec  # first: it picks OpenMP's wait policy before torch loads the runtime (specdec/__init__.py)
+import torch  # noqa: E402
 from specdec.bench.timing import forward_time
 
 FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"},
@@ -73,7 +73,7 @@ def main() -> int:
     args = parser.parse_args()
 
     ks = sorted({1, *(int(k) for k in args.ks.split(","))})
-    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
+    print(f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY')}; CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}; {args.context} cached tokens, median of {args.reps}")
     print("| model | format | " + " | ".join(f"k={k} ms" for k in ks)
           + f" | T({ks[-1]}) / T(1) | s | {ks[-1]}-token pass = {ks[-1]} steps? |")

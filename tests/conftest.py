@@ -3,8 +3,12 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Threads that sleep between parallel regions (specdec's own default, ACTIVE, spins): two test workers and
+# the servers and commands they start share two cores. Set before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `tiny`
 

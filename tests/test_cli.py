@@ -1,6 +1,9 @@
 """The specdec command, run in-process on a tiny model saved to a local folder."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -408,3 +411,19 @@ def test_the_server_prepares_the_steps_a_default_request_uses(emulated_graphs):
     plain = captured(tiny)
     cli.prepare_served_steps(plain, None, None, None, None)
     assert widths(plain) == [[1]]
+
+
+@pytest.mark.parametrize("given, torch_first, expected", [
+    (None, False, "ACTIVE"),  # specdec's default: threads that spin between parallel regions
+    ("PASSIVE", False, "PASSIVE"),  # never over the user's choice
+    (None, True, None),  # torch loaded OpenMP already: too late to choose, so nothing is set
+])
+def test_openmp_wait_policy_default(given, torch_first, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    code = ("import os; " + ("import torch; " if torch_first else "") +
+            "import specdec; print(os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(expected)

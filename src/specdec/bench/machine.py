@@ -35,6 +35,7 @@ def machine_info(dtype: str) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # what OpenMP read when torch loaded it
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
