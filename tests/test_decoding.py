@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.models.causal import KVSession
+from specdec.models.session import DynamicSession
 from specdec.text import IncrementalDecoder
 from tiny import load_tiny, perturbed, tiny_gemma3
 
@@ -61,12 +61,12 @@ def test_target_as_its_own_draft_accepts_everything(target):
 
 def test_rollback_gives_the_logits_of_a_fresh_forward(target):
     torch.manual_seed(0)
-    session = KVSession(target)
+    session = DynamicSession(target)
     base = PROMPT + [20, 21, 22]
-    session.forward(base + [30, 31, 32, 33], 5)  # speculative tail, then rejected
-    session.forward(base + [40], 2)  # rollback of 4 tokens, one new token
-    session.forward(base + [40, 41, 42], 1)
-    logits = session.forward(base + [40, 41, 50, 51], 3)  # rollback of 1
+    session.logits_of(base + [30, 31, 32, 33], 5)  # speculative tail, then rejected
+    session.logits_of(base + [40], 2)  # rollback of 4 tokens, one new token
+    session.logits_of(base + [40, 41, 42], 1)
+    logits = session.logits_of(base + [40, 41, 50, 51], 3)  # rollback of 1
     with torch.inference_mode():
         fresh = target.hf_model(input_ids=torch.tensor([base + [40, 41, 50, 51]])).logits[0, -3:]
     torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)
@@ -75,12 +75,12 @@ def test_rollback_gives_the_logits_of_a_fresh_forward(target):
 
 def test_rollback_across_the_sliding_window():
     model = tiny_gemma3(sliding_window=4)
-    session = KVSession(model)
+    session = DynamicSession(model)
     seq = PROMPT + [20, 21, 22, 23, 24, 25]  # longer than the window
-    session.forward(seq, 1)
-    session.forward(seq + [30, 31, 32], 3)
-    session.forward(seq + [30, 33, 34], 2)  # rollback of 2 beyond the window start
-    logits = session.forward(seq + [30, 33, 34, 35], 1)
+    session.logits_of(seq, 1)
+    session.logits_of(seq + [30, 31, 32], 3)
+    session.logits_of(seq + [30, 33, 34], 2)  # rollback of 2 beyond the window start
+    logits = session.logits_of(seq + [30, 33, 34, 35], 1)
     with torch.inference_mode():
         fresh = model.hf_model(input_ids=torch.tensor([seq + [30, 33, 34, 35]])).logits[0, -1:]
     torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)

@@ -60,10 +60,10 @@ def test_sessions_use_it_and_rollback_gives_fresh_logits(make):
     model = make()
     session, seq = model.start([1, 10, 11, 12, 13, 14, 15, 16, 17])
     assert {type(layer).__name__ for layer in session.cache.layers} == {"PreallocatedLayer"}
-    session.forward(seq + [20, 21, 22, 23, 24], 6)  # 5 drafted tokens
-    rolled = session.forward(seq + [20, 21, 30, 31], 3)  # 2 accepted, then a different continuation
+    session.logits_of(seq + [20, 21, 22, 23, 24], 6)  # 5 drafted tokens
+    rolled = session.logits_of(seq + [20, 21, 30, 31], 3)  # 2 accepted, then a different continuation
     fresh, _ = model.start(seq)
-    expected = fresh.forward(seq + [20, 21, 30, 31], 3)
+    expected = fresh.logits_of(seq + [20, 21, 30, 31], 3)
     torch.testing.assert_close(rolled, expected, rtol=1e-5, atol=1e-5)
 
 

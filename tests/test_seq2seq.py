@@ -63,9 +63,9 @@ def test_prompt_lookup_copies_from_the_source():
 
 def test_decoder_rollback_matches_a_fresh_forward(target):
     session, seq = target.start(SOURCE)
-    session.forward(seq + [20, 21, 22, 23], 5)
-    session.forward(seq + [20, 30], 2)  # rollback of 3 self-attention positions
-    logits = session.forward(seq + [20, 30, 31, 32], 2)
+    session.logits_of(seq + [20, 21, 22, 23], 5)
+    session.logits_of(seq + [20, 30], 2)  # rollback of 3 self-attention positions
+    logits = session.logits_of(seq + [20, 30, 31, 32], 2)
     with torch.inference_mode():
         fresh = target.hf_model(input_ids=torch.tensor([SOURCE]),
                                 decoder_input_ids=torch.tensor([seq + [20, 30, 31, 32]])).logits[0, -2:]

@@ -82,8 +82,10 @@ def test_model_decode_equals_the_tokenizers_decode():
     """LanguageModel.decode calls the Rust tokenizer directly where that is what transformers does."""
     from tiny import load_tiny
 
+    from specdec.text import backend_decoder
+
     model = load_tiny()
-    assert model._backend_decoder is model.tokenizer.backend_tokenizer
+    assert backend_decoder(model.tokenizer) is model.tokenizer.backend_tokenizer
     ids = model.tokenizer("w1 w2 </s> w3 <pad> w4")["input_ids"] + [0, 1, 2, 3]
     assert model.decode(ids) == model.tokenizer.decode(ids, skip_special_tokens=True) == "w1 w2 w3 w4"
     # With transformers' space clean-up on, the fast path steps aside (a stand-in clean-up shows it ran).
@@ -98,7 +100,7 @@ def test_model_decode_equals_the_tokenizers_decode():
     ids = tok(TEXT)["input_ids"]
     model.tokenizer, saved = tok, model.tokenizer
     try:
-        del model._backend_decoder  # (cached per model)
+        del model._decode  # (cached per model)
         assert model.decode(ids) == tok.decode(ids, skip_special_tokens=True) == TEXT
         assert model.decode(ids[:1] + ids[6:8]) == tok.decode(ids[:1] + ids[6:8], skip_special_tokens=True)
     finally:

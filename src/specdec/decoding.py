@@ -25,7 +25,7 @@ from specdec.drafters import DraftContext, make_drafter
 from specdec.drafters.base import merge_widths
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
-from specdec.models.causal import check_prompt_fits
+from specdec.models.causal import check_prompt_fits, new_token_limit
 from specdec.rounds import speculative_round
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
@@ -258,9 +258,7 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
     stats = GenerationStats(prompt_tokens=len(prompt_ids), seed=seed)
     wall = Stopwatch(device)
     t_start = wall()
-    limit = config.max_new_tokens
-    if target.max_context is not None:
-        limit = min(limit, target.max_context - len(prompt_ids))
+    limit = new_token_limit(len(prompt_ids), config.max_new_tokens, target.max_context, target.name)
     session, sequence = target.start(prompt_ids, len(prompt_ids) + limit + 1)
     run = _Run(target, prompt_ids, drafter, make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound), config,
                session, sequence, torch.tensor(sequence[-1:], dtype=torch.long).to(device), len(sequence), limit,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.acceptance import speculative_sampling
+from specdec.acceptance import verify
 from specdec.beam.batch_kv import BatchKV, initial_capacity
 from specdec.drafters.model import fit_width
 from specdec.models import LanguageModel
@@ -78,10 +78,10 @@ def report_beam_search(target, prompt, k, limit, kind, draft_obj, gamma, length_
             # 3. speculative sampling on each chain; score by the target's log-probabilities
             for c in range(k):
                 drafted = chains[c, seq.numel():]
-                out, n = speculative_sampling(p[c], None if q is None else q[c], drafted, generator)
+                # the loop's own verification on the device (same draws as speculative_sampling), one read-back
+                new, n, _ = verify(logits[c], drafted, None if q is None else q[c], sampling, generator).read()
                 stats["drafted_tokens"] += g
                 stats["accepted_tokens"] += n
-                new = out.tolist()
                 ended = False
                 for j, tok in enumerate(new):
                     if tok in eos:

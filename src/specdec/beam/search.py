@@ -15,6 +15,7 @@ from specdec.config import GenerationConfig
 from specdec.devices import Stopwatch, new_generator
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
+from specdec.models.causal import new_token_limit
 
 MODES = ("exact", "report")
 
@@ -62,17 +63,8 @@ def beam_search(
         raise SpecDecError("beam search supports decoder-only targets; this target is an encoder-decoder model")
     device = target.device
     prompt = torch.tensor([int(t) for t in prompt_ids], dtype=torch.long, device=device)  # [P]
-    if prompt.numel() == 0:
-        raise SpecDecError("the prompt is empty (no tokens); give some text to continue")
+    limit = new_token_limit(prompt.numel(), max_new_tokens, target.max_context, target.name)
     eos = set(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    limit = max_new_tokens
-    if target.max_context is not None:
-        limit = min(limit, target.max_context - prompt.numel())
-        if limit < 1:
-            raise SpecDecError(
-                f"the prompt has {prompt.numel()} tokens but {target.name} reads at most {target.max_context}; "
-                "shorten the prompt"
-            )
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     generator = new_generator(device, seed)
     clock = Stopwatch(device)

@@ -162,7 +162,7 @@ def measure(target: LanguageModel, drafts: dict[str, Any], prompts: Sequence[tup
                 continue
             session, start = target.start(list(ids))
             # row j: the logits at the position before generated[j], i.e. the target's prediction of it
-            logits = session.forward(list(start) + generated[:-1], len(generated)).float()  # [n, V]
+            logits = session.logits_of(list(start) + generated[:-1], len(generated)).float()  # [n, V]
             p = standardize(logits, sampling)  # [n, V]
             for label, draft in drafts.items():
                 bar.set_postfix_str(f"T={temperature:g} {ident} {label}")

@@ -49,7 +49,7 @@ class Draft:
     @staticmethod
     def from_ids(ids: Sequence[int], device: torch.device | str, q: torch.Tensor | None = None) -> "Draft":
         """A draft of host token ids (parameter-free drafters), moved to ``device``."""
-        return Draft(torch.tensor(list(ids), dtype=torch.long).to(device, non_blocking=True), q)
+        return Draft(torch.tensor(list(ids), dtype=torch.long, device=device), q)  # a plain copy: the ids are host memory
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -58,7 +58,7 @@ class SpeculativeDrafter(ModelDrafter):
         prefix = list(sequence)
         while len(tokens) < k:
             kk = k - len(tokens) - 1  # leave room for M_1's own residual/bonus token
-            pending = torch.tensor(prefix[self.session.length:], dtype=torch.long).to(ctx.device, non_blocking=True)
+            pending = torch.tensor(prefix[self.session.length:], dtype=torch.long, device=ctx.device)  # [m] host ids
             r = speculative_round(self.session, self.inner, prefix, min(self.inner_gamma, kk), pending, ctx.sampling,
                                   ctx.generator, self.clock, width=ctx.vocab_size)
             self.level.record_round(r)

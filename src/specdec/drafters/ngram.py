@@ -125,4 +125,4 @@ class NGramDrafter(DrafterBase):
             previous = x
         if not tokens:
             return Draft.empty(ctx.device)
-        return Draft.from_ids(tokens, ctx.device, torch.stack(qs).to(ctx.device, non_blocking=True))
+        return Draft.from_ids(tokens, ctx.device, torch.stack(qs).to(ctx.device))

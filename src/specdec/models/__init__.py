@@ -18,9 +18,9 @@ import torch
 
 from specdec.devices import resolve_device
 from specdec.errors import SpecDecError
-from specdec.models.causal import KVSession, LanguageModel
+from specdec.models.causal import LanguageModel
 
-__all__ = ["load", "LanguageModel", "KVSession", "parse_dtype", "load_dtype", "check_load", "check_prompt", "source_kind", "check_same_device",
+__all__ = ["load", "LanguageModel", "parse_dtype", "load_dtype", "check_load", "check_prompt", "source_kind", "check_same_device",
            "check_same_vocabulary", "same_vocabulary"]
 
 _DTYPES = {

@@ -18,12 +18,13 @@ from specdec.devices import module_device
 from specdec.errors import SpecDecError
 from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, compiled_step, static_step
 from specdec.models.kv_cache import cache_keyword
-from specdec.models.session import DynamicSession, KVSession, ModelSession, StaticSession, common_prefix_length
+from specdec.models.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
+from specdec.text import fast_decoder, piece_bytes
 
 ENGINES = ("dynamic", "static")
 
-__all__ = ["LanguageModel", "KVSession", "ModelSession", "common_prefix_length", "ENGINES"]
+__all__ = ["LanguageModel", "DynamicSession", "ModelSession", "StaticSession", "common_prefix_length", "ENGINES"]
 
 
 def context_length(config: Any) -> int | None:
@@ -53,6 +54,13 @@ def check_prompt_fits(n_tokens: int, max_context: int | None, name: str) -> None
     if max_context is not None and n_tokens >= max_context:
         raise SpecDecError(f"the prompt has {n_tokens} tokens but {name} reads at most {max_context}; "
                            "shorten the prompt")
+
+
+def new_token_limit(n_prompt: int, max_new_tokens: int, max_context: int | None, name: str) -> int:
+    """How many tokens a generation may add: max_new_tokens, or fewer where the context ends first (the loop
+    and beam search both ask here); the prompt is checked first (:func:`check_prompt_fits`)."""
+    check_prompt_fits(n_prompt, max_context, name)
+    return max_new_tokens if max_context is None else min(max_new_tokens, max_context - n_prompt)
 
 
 class LanguageModel:
@@ -150,64 +158,18 @@ class LanguageModel:
         return encode_text(self.tokenizer, text, chat, self.name)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of ``ids``, special tokens skipped: ``tokenizer.decode(ids, skip_special_tokens=True)``."""
-        ids = ids if isinstance(ids, list) else list(ids)
-        backend = self._backend_decoder
-        if backend is not None and not self.tokenizer.clean_up_tokenization_spaces:
-            return backend.decode(ids, skip_special_tokens=True)
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The text of ``ids``, special tokens skipped: ``tokenizer.decode(ids, skip_special_tokens=True)``
+        (through the Rust tokenizer where that is the same: :func:`specdec.text.fast_decoder`)."""
+        return self._decode(ids if isinstance(ids, list) else list(ids))
 
     @functools.cached_property
-    def _backend_decoder(self) -> Any:
-        """The Rust tokenizer, where its ``decode`` is exactly what transformers' ``decode`` runs (a
-        tokenizers-backed class that overrides neither ``decode`` nor ``_decode``; without space clean-up,
-        checked per call): it skips transformers' per-call conversions, 4 of the 5 microseconds a short
-        decode takes, which the decoding loop pays every round with stop strings. None otherwise."""
-        try:
-            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-            from transformers.tokenization_utils_tokenizers import TokenizersBackend
-        except ImportError:  # pragma: no cover - another transformers layout
-            return None
-        kind = type(self.tokenizer)
-        if (isinstance(self.tokenizer, TokenizersBackend) and kind._decode is TokenizersBackend._decode
-                and kind.decode is PreTrainedTokenizerBase.decode):
-            return self.tokenizer.backend_tokenizer
-        return None
+    def _decode(self) -> Callable[[list[int]], str]:
+        return fast_decoder(self.tokenizer)
 
     @functools.cached_property
     def piece_bytes(self) -> Callable[[int], bytes] | None:
-        """token id -> the UTF-8 bytes of that token (memoized; b"" for a special token), where the text of
-        any tokens is their bytes joined and decoded: a byte-level tokenizer (GPT-2, Qwen, Llama 3,
-        SmolLM2), whose decoder does exactly that, run by the Rust tokenizer without space clean-up.
-        None otherwise (SentencePiece and WordPiece decoders change a token's text with its neighbours).
-        The stop scan reads a round's text with it, without a decode call (specdec.text.StopScan)."""
-        backend = self._backend_decoder
-        if backend is None or self.tokenizer.clean_up_tokenization_spaces:
-            return None
-        try:
-            from tokenizers import decoders
-            from transformers.convert_slow_tokenizer import bytes_to_unicode
-        except ImportError:  # pragma: no cover - another transformers layout
-            return None
-        if type(backend.decoder) is not decoders.ByteLevel:
-            return None
-        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
-        memo: dict[int, bytes] = {}
-
-        def piece(token: int) -> bytes:
-            data = memo.get(token)
-            if data is None:
-                text = backend.decode([token], skip_special_tokens=True)
-                if "\ufffd" in text:  # part of a character (or U+FFFD itself): the token's own bytes
-                    name = backend.id_to_token(token)
-                    text_bytes = [byte_of.get(c) for c in name]
-                    data = bytes(text_bytes) if None not in text_bytes else name.encode("utf-8")
-                else:
-                    data = text.encode("utf-8")
-                memo[token] = data
-            return data
-
-        return piece
+        """token id -> its UTF-8 bytes where a byte-level tokenizer allows it (:func:`specdec.text.piece_bytes`)."""
+        return piece_bytes(self.tokenizer)
 
     # -- decoding --------------------------------------------------------------------------------
     def start(self, prompt_ids: Sequence[int], max_positions: int | None = None) -> tuple[ModelSession, list[int]]:

@@ -14,11 +14,12 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from specdec.errors import SpecDecError
-from specdec.models.causal import KVSession, LanguageModel
+from specdec.models.causal import LanguageModel
+from specdec.models.session import DynamicSession
 from specdec.models.kv_cache import cache_argument, preallocated_cache
 
 
-class Seq2SeqSession(KVSession):
+class Seq2SeqSession(DynamicSession):
     def __init__(self, model: "Seq2SeqLanguageModel", source_ids: Sequence[int]):
         self.source_ids = list(source_ids)
         with torch.inference_mode():
@@ -74,6 +75,6 @@ class Seq2SeqLanguageModel(LanguageModel):
             raise SpecDecError("chat=True is for decoder-only instruct models; an encoder-decoder model takes the text as it is")
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def start(self, prompt_ids: Sequence[int], max_positions: int | None = None) -> tuple[KVSession, list[int]]:
+    def start(self, prompt_ids: Sequence[int], max_positions: int | None = None) -> tuple[DynamicSession, list[int]]:
         """Encode the source once; the decoder sequence starts with the decoder start token."""
         return Seq2SeqSession(self, prompt_ids), [self.decoder_start_token_id]

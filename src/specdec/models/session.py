@@ -59,10 +59,10 @@ class ModelSession:
     def _ids(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:
         if isinstance(tokens, torch.Tensor):
             self.tokens = None  # device tokens: no host copy without a sync
-            return tokens.to(self.device, non_blocking=True).reshape(-1)
+            return tokens.to(self.device).reshape(-1)  # already there in the loop (a no-op)
         if self.tokens is not None:
             self.tokens.extend(int(t) for t in tokens)
-        return torch.tensor(list(tokens), dtype=torch.long).to(self.device, non_blocking=True)
+        return torch.tensor(list(tokens), dtype=torch.long, device=self.device)  # host ids: a plain copy
 
     def prefill(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor | None:
         """Cache ``ids`` (the prompt, or most of it); returns the logits [V] of the last one (None if empty)."""
@@ -96,10 +96,11 @@ class ModelSession:
             if self.tokens is not None:
                 del self.tokens[length:]
 
-    def forward(self, sequence: Sequence[int], n_logits: int) -> torch.Tensor:
-        """Logits [n_logits, V] for the last ``n_logits`` positions of the whole ``sequence`` (host ids)."""
+    def logits_of(self, sequence: Sequence[int], n_logits: int) -> torch.Tensor:
+        """Logits [n_logits, V] for the last ``n_logits`` positions of the whole ``sequence`` (host ids): the
+        cached common prefix is kept, the rest rolled back and fed (not a forward pass of its own)."""
         if self.tokens is None:
-            raise RuntimeError("forward(sequence) needs a session fed with host token ids only; use extend/rollback")
+            raise RuntimeError("logits_of(sequence) needs a session fed with host token ids only; use extend/rollback")
         keep = min(common_prefix_length(self.tokens, sequence), len(sequence) - n_logits)
         if keep < 0:
             raise ValueError(f"asked for {n_logits} logits of a {len(sequence)}-token sequence")
@@ -144,9 +145,6 @@ class DynamicSession(ModelSession):
         # crop(-n) only removes positions: crop(0) would also trim sliding-window layers (Gemma 3) to
         # their window and forget the past a later rollback may need.
         self.cache.crop(-(self.length - length))
-
-
-KVSession = DynamicSession  # the name earlier releases used
 
 
 class StaticSession(ModelSession):
