@@ -85,7 +85,9 @@ def test_completions_equal_generate(server, client, reference, prompt):
     # the playground's fields: each group's text split by origin, and the rejected drafts of its target call
     assert [g["draft_text"] + g["target_text"] for g in groups] == [c.choices[0].text for c in chunks[:-1]]
     assert sum(g["drafted"] for g in groups) == final["drafted"] and len(groups) == final["target_calls"]
-    assert all(bool(g["rejected_text"]) == (g["from_draft"] < g["drafted"]) for g in groups)
+    # rejected text only where the target rejected a draft (a rejected special token has no text; the
+    # served draft's adaptive schedule picks gamma from measured times, so which rounds reject varies)
+    assert all(g["rejected_text"] == "" for g in groups if g["from_draft"] == g["drafted"])
     assert any(g["rejected_text"] for g in groups)  # the tiny draft disagrees with the tiny target often
     theory = final["theory"]  # Theorem 8 on the measured alpha and c
     assert theory["alpha"] == final["alpha"] and theory["c"] > 0
