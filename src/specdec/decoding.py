@@ -25,7 +25,7 @@ from specdec.drafters import DraftContext, make_drafter
 from specdec.drafters.base import merge_widths
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
-from specdec.models.causal import check_prompt_fits, new_token_limit
+from specdec.models.causal import new_token_limit
 from specdec.rounds import speculative_round
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
@@ -214,8 +214,7 @@ def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: Gene
         bad = [t for t in prompt_ids if not 0 <= t < target.vocab_size]
         if bad:
             raise SpecDecError(f"prompt token ids must be in [0, {target.vocab_size}), got {bad[:5]}")
-    check_prompt_fits(len(prompt_ids), target.max_context, target.name)
-    return prompt_ids
+    return prompt_ids  # its length is checked against the context by new_token_limit (loop and beam search)
 
 
 @dataclass

@@ -26,7 +26,23 @@ def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=-1)
 
 
-class ModelDrafter(DrafterBase):
+class SessionDrafter(DrafterBase):
+    """A drafter that runs a model through one session per generation (a model draft, one with another
+    tokenizer): its forward passes are the session's, and closing gives the session's cache back."""
+
+    session = None
+
+    @property
+    def forward_passes(self) -> int:  # type: ignore[override]
+        return 0 if self.session is None else self.session.forward_passes
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+class ModelDrafter(SessionDrafter):
     """Samples gamma tokens autoregressively from a small model (Algorithm 1, lines 2-5).
 
     Its KV cache persists across steps. Between proposals it holds a prefix of the decoded sequence
@@ -41,10 +57,6 @@ class ModelDrafter(DrafterBase):
         self.name = model.name
         self.session = None
         self._proposed: tuple[int, int] | None = None  # (sequence length, k) of the last proposal
-
-    @property
-    def forward_passes(self) -> int:  # type: ignore[override]
-        return 0 if self.session is None else self.session.forward_passes
 
     def start(self, context: DraftContext) -> None:
         super().start(context)
@@ -91,11 +103,6 @@ class ModelDrafter(DrafterBase):
             length, k = self._proposed
             self.session.rollback(length + min(n_accepted, max(k - 1, 0)))
             self._proposed = None
-
-    def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
 
     def step_widths(self, gamma: int) -> StepWidths:
         """One token per drafted token; the first step of a round also feeds the target's token and, after

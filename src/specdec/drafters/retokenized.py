@@ -32,7 +32,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, DraftContext, DrafterBase, DrafterStats, StepWidths
+from specdec.drafters.base import Draft, DraftContext, DrafterStats, StepWidths
+from specdec.drafters.model import SessionDrafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 from specdec.models.session import common_prefix_length
@@ -171,7 +172,7 @@ class TokenText:
         return 0, encode_text(self.tokenizer, text)
 
 
-class RetokenizedDrafter(DrafterBase):
+class RetokenizedDrafter(SessionDrafter):
     """A causal model with its own tokenizer as the draft (see the module docstring).
 
     model: the draft (any :class:`LanguageModel` with a tokenizer); target_tokenizer: the tokenizer of
@@ -195,10 +196,6 @@ class RetokenizedDrafter(DrafterBase):
         self._draft_eos = frozenset(model.eos_token_ids)
         self._target_prefix = special_prefix(target_tokenizer)
         self._draft_prefix = special_prefix(model.tokenizer)
-
-    @property
-    def forward_passes(self) -> int:  # type: ignore[override]
-        return 0 if self.session is None else self.session.forward_passes
 
     def _skip(self, sequence: Sequence[int]) -> int:
         """How many leading target tokens are the tokenizer's document prefix (BOS), kept out of the text."""
@@ -226,11 +223,6 @@ class RetokenizedDrafter(DrafterBase):
         self.session, _ = self.model.start(prompt, max_positions)
         if len(prompt) > 1:
             self.session.prefill(prompt[:-1])  # the last token is fed by the first proposal
-
-    def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
 
     def stats(self) -> DrafterStats:
         return DrafterStats(time_convert=self.convert_seconds)

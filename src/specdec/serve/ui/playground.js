@@ -192,10 +192,10 @@ function reset() {
   $("chart").replaceChildren();
 }
 
-function busy(on) {
-  $("generate").disabled = $("race").disabled = on;
-  $("stop").disabled = !on;
-  setStatus(on ? "running" : "done");
+function running() {
+  $("generate").disabled = $("race").disabled = true;
+  $("stop").disabled = false;
+  setStatus("running");
 }
 
 // A failed run: the server's message (an aborted one, by Stop, is not a failure).
@@ -220,7 +220,7 @@ async function generate() {
   reset();
   $("pane-plain").hidden = true;
   $("spec-title").textContent = $("draft").value === "none" ? "plain decoding" : "speculative decoding";
-  busy(true);
+  running();
   try {
     const result = await stream($("draft").value, $("output"), showLive);
     showFinal(result.stats);
@@ -247,7 +247,7 @@ async function race() {
   $("pane-plain").hidden = false;
   $("spec-title").textContent = "speculative decoding";
   const draft = $("draft").value === "none" ? "default" : $("draft").value;
-  busy(true);
+  running();
   try {
     const plain = await stream("none", $("output-plain"), () => {});
     $("speed-plain").textContent = speed(plain);
