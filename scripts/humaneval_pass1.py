@@ -38,9 +38,9 @@ def run(config: str, args: argparse.Namespace, problems) -> dict:
     spec = getattr(args, draft_option)
     draft = None
     if spec != "none":
-        from specdec.drafters.spec import load_draft
+        from specdec.drafters import plan_draft
 
-        draft = load_draft(spec if ":" in spec else f"{spec}:int8", target)
+        draft = plan_draft(spec if ":" in spec else f"{spec}:int8").load(target).draft
     rows = []
     t_all = time.perf_counter()
     for i, problem in enumerate(problems, 1):

@@ -40,17 +40,22 @@ class ReplayByRunningAgain:
     """A CUDA graph's contract, on CPU: ``replay()`` recomputes the captured step from the same input
     buffers and writes the same output tensor, which the caller must copy before the next replay."""
 
-    def __init__(self, run):
+    def __init__(self, run, pool=None):
         self.run = run
+        self.pool = pool  # the memory pool it was captured into (an EmulatedPool)
         self.output = run()
 
     def replay(self):
         self.output.copy_(self.run())
 
     @classmethod
-    def capture(cls, run):
-        graph = cls(run)
+    def capture(cls, run, pool=None):
+        graph = cls(run, pool)
         return graph, graph.output
+
+
+class EmulatedPool:
+    """Stands in for a CUDA graph memory pool handle: its identity says which graphs share one."""
 
 
 @pytest.fixture
@@ -61,6 +66,7 @@ def emulated_graphs(monkeypatch):
 
     monkeypatch.setattr(graphs, "side_stream", contextlib.nullcontext)
     monkeypatch.setattr(graphs, "capture", ReplayByRunningAgain.capture)
+    monkeypatch.setattr(graphs, "memory_pool", EmulatedPool)
     calls = []
     real_call = graphs.CapturedStep.__call__
 

@@ -12,7 +12,8 @@ import pytest
 import specdec.bench as bench
 from specdec import cli
 from specdec.bench import theory
-from specdec.bench.drafts import ModelPool, parse_spec
+from specdec.bench.drafts import ModelPool
+from specdec.drafters.spec import parse_spec
 from specdec.errors import SpecDecError
 from tiny import load_tiny, perturbed, tiny_model, tiny_tokenizer
 

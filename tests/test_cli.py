@@ -154,12 +154,42 @@ def test_the_python_api_reads_the_same_draft_syntax(model_dir):
     out = specdec.generate(target, "w1 w2 w3", draft=f"{model_dir}:int8<-bigram", gamma=3, max_new_tokens=10)
     assert out.token_ids == plain.token_ids
     assert len(out.stats.levels) == 1 and out.stats.drafted > 0  # a hierarchy: the int8 model drafted with bigram
-    from specdec.drafters.spec import load_draft
+    from specdec.drafters import plan_draft
 
-    model, below = load_draft(f"{model_dir}:int8<-bigram", target)
+    model, below = plan_draft(f"{model_dir}:int8<-bigram").load(target).draft
     assert below == "bigram" and model.quantization == "int8"
     with pytest.raises(specdec.SpecDecError, match="'bigram' has no weights to quantize"):
         specdec.generate(target, "w1 w2 w3", draft="bigram:int8", max_new_tokens=2)
+
+
+def test_a_draft_is_resolved_once(model_dir, monkeypatch):
+    """generate parses a draft specification once into a plan, checks every model level of it before the first
+    loads, then loads each model once and builds the drafters from the plan."""
+    import specdec.models
+    from specdec.drafters import plan as plan_module
+
+    target = specdec.load(model_dir, dtype="fp32")
+    parses, loads = [], []
+    parse, load = plan_module.parse_spec, specdec.models.load
+    monkeypatch.setattr(plan_module, "parse_spec", lambda spec: parses.append(spec) or parse(spec))
+    monkeypatch.setattr(specdec.models, "load", lambda source, **kw: (
+        loads.append(str(source)) if isinstance(source, str) else None) or load(source, **kw))
+    plan_module._parse.cache_clear()
+
+    spec = f"{model_dir}:int8<-{model_dir}<-bigram"
+    plain = specdec.generate(target, "w1 w2 w3", max_new_tokens=8)
+    out = specdec.generate(target, "w1 w2 w3", draft=spec, gamma=3, max_new_tokens=8)
+    assert out.token_ids == plain.token_ids and len(out.stats.levels) == 2
+    assert parses == [spec] and loads == [str(model_dir), str(model_dir)]  # the int8 level, then the fp32 one
+    plan = plan_module.plan_draft(spec)
+    assert str(plan) == spec and plan.drafter_names == ["bigram"] and [lv.quantize for lv in plan.model_names] == ["int8", None]
+    assert parses == [spec]  # cached: the same string is not parsed again
+
+    loads.clear()
+    with pytest.raises(specdec.SpecDecError, match="no-such-model"):  # the second level is missing: nothing loads
+        specdec.generate(target, "w1 w2 w3", draft=f"{model_dir}:int8<-./no-such-model<-bigram", max_new_tokens=2)
+    assert loads == []
+    assert specdec.generate(target, "w1 w2 w3", draft="none", max_new_tokens=8).token_ids == plain.token_ids
 
 
 def test_default_gamma_and_schedule_follow_the_draft():
@@ -395,22 +425,47 @@ def test_the_command_leaves_without_teardown_and_loses_no_output(model_dir):
     assert bad.returncode == 2 and "gamma" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_the_server_prepares_the_steps_a_default_request_uses(emulated_graphs):
-    from tiny import captured, load_tiny, perturbed
+def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, monkeypatch):
+    """specdec serve prepares its models' steps before it reports ready (every width bucket, one capacity:
+    --max-positions); then requests of every kind (drafts, gammas, schedules, sampling, streaming, chat, a
+    prompt longer than any before, one longer than the capacity) capture nothing."""
+    from starlette.testclient import TestClient
 
-    def widths(model):
-        return [sorted(cache.graphs) for cache, _ in model._caches]
+    from serving import CHAT_TEMPLATE, wait_until
+    from specdec.models import graphs
+    from specdec.models.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS
+    from specdec.serve.app import create_app
+    from tiny import captured, load_tiny, perturbed
 
     tiny = load_tiny(eos=None)
     target, draft = captured(tiny), captured(perturbed(tiny, 0.1))
-    cli.prepare_served_steps(target, draft, None, None, None)  # the defaults: gamma 4, constant
-    assert widths(target) == [[1, 5]] and widths(draft) == [[1, 2]]
-    target, draft = captured(tiny), captured(perturbed(tiny, 0.1))
-    cli.prepare_served_steps(target, [draft, "prompt-lookup"], 3, "adaptive", 6)  # gamma varies up to 6
-    assert widths(target) == [[1, 4, 7]] and widths(draft) == [[1, 2, 4, 7]]  # the draft verifies its own
-    plain = captured(tiny)
-    cli.prepare_served_steps(plain, None, None, None, None)
-    assert widths(plain) == [[1]]
+    target.tokenizer.chat_template = CHAT_TEMPLATE
+    monkeypatch.setattr(cli, "load_models", lambda args, tokenizer=None: (target, draft))
+    captures = []
+    real_capture = graphs.CapturedStep._capture
+    monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(self.width) or real_capture(self))
+    args = cli.build_parser().parse_args(["serve", "--target", "tiny", "--max-positions", "120"])
+    words = " ".join(f"w{i % 10}" for i in range(60))
+    bodies = [
+        {"prompt": "w1 w2 w3"}, {"prompt": "w1 w2 w3", "draft": "none"}, {"prompt": "w1 w2 w1 w2", "draft": "prompt-lookup"},
+        {"prompt": "w1 w2 w3", "draft": "bigram", "gamma": 7}, {"prompt": "w1 w2 w3", "gamma": 2},
+        *({"prompt": "w4 w5", "gamma_schedule": s} for s in ("constant", "adaptive", "heuristic", "confidence")),
+        {"prompt": "w1 w2 w3", "temperature": 1.0, "seed": 3}, {"prompt": "w1 w2 w3", "stream": True},
+        {"prompt": words}, {"prompt": words, "max_tokens": 100},  # longer than any before; past the capacity
+        {"messages": [{"role": "user", "content": "w1 w2"}]},
+    ]
+    with TestClient(create_app(lambda: cli.load_served(args))) as http:
+        wait_until(lambda: http.get("/health").status_code == 200, 60, "the server to be ready")
+        assert sorted(captures) == sorted(list(WIDTH_BUCKETS) * 2)  # target and draft, every bucket, before ready
+        captures.clear()
+        for body in bodies:
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            reply = http.post(path, json={"model": "tiny", "max_tokens": 24, **body})
+            assert reply.status_code == 200, (body, reply.text)
+    assert captures == []  # nothing captured after the server reported ready
+    for model in (target, draft):
+        assert [sorted(c.graphs) for c, _ in model._caches if c.graphs] == [list(WIDTH_BUCKETS)]
+        assert any(c.capacity == 120 + MAX_GRAPH_WIDTH for c, _ in model._caches)
 
 
 @pytest.mark.parametrize("given, torch_first, expected", [

@@ -7,7 +7,7 @@ import torch
 import specdec
 from specdec.acceptance import greedy_verification, speculative_sampling, verify
 from specdec.devices import resolve_device
-from specdec.models.graphs import compiled_step, static_step
+from specdec.models.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS, compiled_step, static_step
 from specdec.models.kv_cache import cache_argument
 from specdec.models.session import DynamicSession, StaticSession
 from specdec.sampling import SamplingParams, standardize
@@ -79,9 +79,9 @@ def test_captured_steps_pad_narrow_requests_and_replay_the_eager_logits(target, 
                 s.rollback(rollback_to)
     for graph_out, eager_out in outs:  # compared at the end: a returned output must not be the graph's buffer
         torch.testing.assert_close(graph_out, eager_out, rtol=1e-5, atol=1e-5)
-    # widths 5 and 1 were captured first; 2, 3 and 4 tokens then ran in the 5-wide graph, padded
-    assert emulated_graphs == [(5, 5), (1, 1), (2, 5), (3, 5), (4, 5), (1, 1)]
-    assert sorted(sessions[0].cache.graphs) == [1, 5]
+    # each width runs in its bucket (1, 2, 4, 8, ...), padded; an unprepared cache captures a bucket on first use
+    assert emulated_graphs == [(5, 8), (1, 1), (2, 2), (3, 4), (4, 4), (1, 1)]
+    assert sorted(sessions[0].cache.graphs) == [1, 2, 4, 8]
     for s in sessions:
         s.close()
 
@@ -99,44 +99,95 @@ def test_generations_through_captured_steps_give_the_eager_tokens(target, emulat
                for m, d in ((model, draft_model), (static(target), static(draft)))]
     assert sampled[0] == sampled[1]  # the same random draws on the same logits
     widths = {width for _, width in emulated_graphs}
-    assert {1, 5}.issubset(widths) and any(k < width for k, width in emulated_graphs)
+    assert {1, 8}.issubset(widths) and any(k < width for k, width in emulated_graphs)
     caches = [cache for m in (model, draft_model) for cache, _ in m._caches]
     assert len(caches) == 2  # one cache per model, taken again by every generation with its graphs
 
 
 def test_prepared_steps_are_the_ones_later_generations_replay(target, emulated_graphs):
     model, draft = captured(target), captured(perturbed(target, 0.05))
-    assert static(target).prepare_steps([1, 5]) == []  # without CUDA graphs: nothing to prepare
+    assert static(target).prepare_steps() == []  # without CUDA graphs: nothing to prepare
     positions = len(PROMPT) + N_NEW + 1
-    assert model.prepare_steps([5, 1], positions) == [1, 5]
-    assert draft.prepare_steps([1, 2], positions) == [1, 2]
+    assert model.prepare_steps(positions) == list(WIDTH_BUCKETS)
+    assert emulated_graphs[::-1] == [(w, w) for w in WIDTH_BUCKETS]  # captured largest first...
+    assert draft.prepare_steps(positions) == list(WIDTH_BUCKETS)
     (target_cache, _), = model._caches
     (draft_cache, _), = draft._caches
+    pools = {step.graph.pool for cache in (target_cache, draft_cache) for step in cache.graphs.values()}
+    assert len(pools) == 2 and None not in pools  # ...into one memory pool per model
+    assert target_cache.capacity == draft_cache.capacity == positions + MAX_GRAPH_WIDTH  # one fixed capacity
     prepared = dict(target_cache.graphs), dict(draft_cache.graphs)
     reference = specdec.generate(static(target), PROMPT, max_new_tokens=N_NEW)
     out = specdec.generate(model, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW)
     assert out.token_ids == reference.token_ids  # the preparation's dummy tokens left nothing behind
     assert [c for c, _ in model._caches] == [target_cache] and [c for c, _ in draft._caches] == [draft_cache]
     assert (target_cache.graphs, draft_cache.graphs) == prepared  # nothing captured during the generation
+    assert model.prepare_steps(positions) == list(WIDTH_BUCKETS) and target_cache.graphs == prepared[0]  # kept
 
 
-def test_prepare_steps_gives_each_model_the_widths_of_its_role(target, emulated_graphs):
+def test_prepare_steps_prepares_every_model_a_draft_runs(target, emulated_graphs):
     from specdec.decoding import prepare_steps
 
-    def widths(model):
+    def buckets(model):
         return [sorted(cache.graphs) for cache, _ in model._caches]
 
     model, m1, m2 = captured(target), captured(perturbed(target, 0.05)), captured(perturbed(target, 0.3, seed=4))
-    prepare_steps(model, [[m1, m2, "prompt-lookup"], "bigram", model], [3], len(PROMPT) + N_NEW + 1)
-    # target: 1 and gamma + 1; levels with a level below verify (gamma + 1) besides drafting (1, 2); the
-    # target as its own draft is prepared as the target only (Drafter.step_widths)
-    assert (widths(model), widths(m1), widths(m2)) == ([[1, 4]], [[1, 2, 4]], [[1, 2, 4]])
-    prepared = [widths(m) for m in (model, m1, m2)]
+    other = captured(perturbed(target, 0.1, seed=6))
+    prepared = prepare_steps(model, [[m1, m2, "prompt-lookup"], "bigram", model], [3], len(PROMPT) + N_NEW + 1)
+    assert prepared == [model, m1, m2]  # the target as its own draft is prepared once; a model no draft runs is not
+    every = [list(WIDTH_BUCKETS)]
+    assert (buckets(model), buckets(m1), buckets(m2), buckets(other)) == (every, every, every, [])
+    before = [buckets(m) for m in (model, m1, m2)]
     specdec.generate(model, PROMPT, draft=[m1, m2, "prompt-lookup"], gamma=3, max_new_tokens=N_NEW)
-    assert [widths(m) for m in (model, m1, m2)] == prepared  # the hierarchy's generation captured nothing more
+    assert [buckets(m) for m in (model, m1, m2)] == before  # the hierarchy's generation captured nothing more
     plain = captured(target)
-    prepare_steps(plain, [], [3])
-    assert widths(plain) == [[1]]
+    assert prepare_steps(plain, [], [3]) == [plain] and buckets(plain) == every
+
+
+def test_after_prepare_no_generation_captures_anything(emulated_graphs, monkeypatch):
+    """The capture plan (issue 29, point 3): after prepare_steps, a grid of generations (every schedule, catch-ups
+    after plain rounds, a draft with another tokenizer, hierarchies, sampling, a prompt longer than any before,
+    a generation longer than the prepared capacity) captures nothing, gives the eager tokens, and every model
+    keeps one graph per bucket."""
+    from specdec.decoding import prepare_steps
+    from specdec.models import graphs
+    from test_retokenized import byte_bpe, tiny_draft
+
+    captures = []
+    real_capture = graphs.CapturedStep._capture
+    monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(self.width) or real_capture(self))
+    base = load_tiny(eos=None)
+    target = captured(base)
+    close, far = captured(perturbed(base, 0.05)), captured(perturbed(base, 0.3, seed=4))
+    bad = captured(perturbed(base, 3.0, seed=7))  # the adaptive schedule stops drafting, then probes: catch-ups
+    other = tiny_draft(byte_bpe(merges=40))
+    retokenized = specdec.load(other.hf_model, tokenizer=other.tokenizer, name="retokenized-captured", engine="static")
+    retokenized.cuda_graphs = True
+    drafts = [close, [close, far, "prompt-lookup"], [close, "bigram"], bad, retokenized, "prompt-lookup"]
+    positions = 200
+    assert prepare_steps(target, drafts, [4], positions) == [target, close, far, bad, retokenized]
+    assert sorted(captures) == sorted(list(WIDTH_BUCKETS) * 5)
+    captures.clear()
+
+    long_prompt = (PROMPT * 12)[:90]  # longer than any prompt before
+    eager = static(base)
+    grid = [(prompt, draft, options) for prompt in (PROMPT, long_prompt) for draft in [None, *drafts]
+            for options in ({"gamma": 4}, {"gamma": 6, "gamma_schedule": "adaptive"},
+                            {"gamma_schedule": "heuristic"}, {"gamma_schedule": "confidence", "confidence": 0.3})]
+    grid += [(PROMPT, [close, far, "prompt-lookup"], {"gamma": 5, "temperature": 1.0, "seed": 3}),
+             (PROMPT, close, {"gamma": 3, "temperature": 0.8, "top_k": 5, "seed": 4})]
+    for prompt, draft, options in grid:
+        out = specdec.generate(target, prompt, draft=draft, max_new_tokens=N_NEW, **options)
+        if options.get("temperature", 0.0) == 0.0:
+            assert out.token_ids == specdec.generate(eager, prompt, max_new_tokens=N_NEW).token_ids, (draft, options)
+    assert any(k not in WIDTH_BUCKETS for k, _ in emulated_graphs)  # varying widths ran, padded into buckets
+    out = specdec.generate(target, PROMPT, draft=close, gamma=4, max_new_tokens=positions)  # past the capacity
+    assert out.token_ids == specdec.generate(eager, PROMPT, max_new_tokens=positions).token_ids
+    assert captures == []  # nothing was captured after prepare_steps
+    for model in (target, close, far, bad, retokenized):
+        graphed = [sorted(cache.graphs) for cache, _ in model._caches if cache.graphs]
+        assert graphed == [list(WIDTH_BUCKETS)], model.name  # one graph per bucket, on the one prepared cache
+        assert all(cache.capacity == positions + MAX_GRAPH_WIDTH for cache, _ in model._caches if cache.graphs)
 
 
 def test_static_engine_greedy_equals_dynamic_engine_and_transformers(target):

@@ -60,6 +60,28 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class Uploads:
+    """Counts host-to-device copies that specdec's own code makes: tensors built from host data for a device
+    (``torch.tensor(..., device=...)``, ``torch.as_tensor(..., device=...)``) by a function of the specdec
+    package. On a GPU each is a copy from host memory; on CPU the same calls are counted where they are
+    made. (A tensor built on the host for host work, prompt lookup's search, is not an upload.)"""
+
+    def __init__(self, monkeypatch):
+        import sys
+
+        self.calls: list[str] = []
+        for name in ("tensor", "as_tensor"):
+            real = getattr(torch, name)
+
+            def counted(*args, _real=real, **kwargs):
+                caller = sys._getframe(1).f_code
+                if "/specdec/" in caller.co_filename and kwargs.get("device") is not None:
+                    self.calls.append(f"{caller.co_filename.rsplit('/specdec/', 1)[1]}:{caller.co_name}")
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(torch, name, counted)
+
+
 def test_the_counter_sees_the_reads_it_looks_for():
     x = torch.tensor([0.5, -1.0, 2.0])
     with HostReads() as reads:
@@ -119,3 +141,28 @@ def test_a_generation_reads_the_device_once_per_round(pair, engine_name, setting
         assert len(read_backs) == out.stats.target_calls + inner_rounds, label
         assert inner_rounds > 0 if isinstance(draft, list) else inner_rounds == 0
         assert copies == ["tolist"] * len(read_backs), label  # the read-back's one copy, and no other
+
+
+@pytest.mark.parametrize("settings", [{"temperature": 0.0}, {"temperature": 1.0}], ids=["greedy", "sampled"])
+def test_tokens_stay_on_the_device(pair, settings, monkeypatch):
+    """A round uploads nothing: the target's token, the drafted tokens and a hierarchy's pending tokens stay
+    where they were computed (issue 29, point 4). Uploads happen once per generation (the prompt for the
+    target's and each draft model's cache, and the sequence's device copy), so a longer generation makes no
+    more of them. Random tokens are drawn on the device; prompt lookup, which searches the host copy of the
+    sequence by design, uploads each proposal it finds, one per round that drafts."""
+    target, close, far = (engine(m, "static") for m in pair)
+    uploads = Uploads(monkeypatch)
+    for draft, setup in ((None, 2), (close, 3), ([close, far], 4), ("random", 2)):
+        counts = []
+        for n in (8, 32):
+            uploads.calls.clear()
+            out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=n, seed=3, **settings)
+            assert len(out.token_ids) == n
+            counts.append(len(uploads.calls))
+        label = getattr(draft, "name", draft)
+        assert counts == [setup, setup], (label, uploads.calls)
+    uploads.calls.clear()
+    out = specdec.generate(target, PROMPT * 3, draft="prompt-lookup", gamma=4, max_new_tokens=16, seed=3, **settings)
+    found = uploads.calls.count("drafters/base.py:from_ids")
+    assert 0 < found <= out.stats.target_calls and out.stats.drafted > 0
+    assert len(uploads.calls) == 2 + found, uploads.calls

@@ -18,11 +18,11 @@ def test_without_llama_cpp_python_the_error_says_how_to_install_it(monkeypatch):
     with pytest.raises(specdec.SpecDecError, match=r"quantize='llama-cpp' runs the model's GGUF with llama.cpp, "
                        r"which needs llama-cpp-python: pip install 'specdec\[llama\]'"):
         specdec.load("qwen2.5-coder-0.5b", quantize="llama-cpp")
-    from specdec.drafters.spec import check_draft
+    from specdec.drafters import plan_draft
 
     with pytest.raises(specdec.SpecDecError, match="needs llama-cpp-python"):
-        check_draft("qwen2.5-coder-0.5b:llama-cpp<-prompt-lookup")
-    check_draft("qwen2.5-coder-0.5b:int8<-prompt-lookup")  # everything else works without it
+        plan_draft("qwen2.5-coder-0.5b:llama-cpp<-prompt-lookup").check()
+    plan_draft("qwen2.5-coder-0.5b:int8<-prompt-lookup").check()  # everything else works without it
 
 
 def test_a_llama_cpp_model_is_refused_as_the_target(capsys):

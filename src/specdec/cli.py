@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA
 
+SERVED_POSITIONS = 4096  # the served caches' capacity with CUDA graphs (specdec serve --max-positions)
+
 # ANSI colours for --color: tokens accepted from the draft vs tokens produced by the target (paper Figure 1).
 COLOUR_DRAFT = "\033[32m"  # green
 COLOUR_TARGET = "\033[1;34m"  # bold blue
@@ -100,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait behind the running one; more get 429 (default 16)")
+    serve.add_argument("--max-positions", type=int, default=SERVED_POSITIONS,
+                       help="with CUDA graphs: the positions (prompt + max_tokens) every request's cache holds, fixed "
+                            "when the server starts, when every step is captured; a longer request runs eagerly "
+                            f"(default {SERVED_POSITIONS}; attention reads the whole cache, so more costs every step)")
     serve.add_argument("--timeout", type=float, default=600.0,
                        help="seconds a request may take, queue included; a request may ask for less (default 600)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -189,7 +195,7 @@ def _check_models(args: argparse.Namespace) -> None:
     names, missing files, a file where a folder is expected, unknown dtypes and quantization methods,
     int8 off the CPU, a hierarchy with a parameter-free drafter above a model."""
     from specdec.devices import resolve_device
-    from specdec.drafters.spec import check_draft
+    from specdec.drafters import plan_draft
     from specdec.errors import SpecDecError
     from specdec.models import check_load
 
@@ -197,7 +203,7 @@ def _check_models(args: argparse.Namespace) -> None:
         raise SpecDecError("--compile compiles the captured CUDA-graph steps: it needs a CUDA device "
                            "(--device cuda); drop --compile on CPU")
     check_load(args.target, dtype=args.dtype, quantize=_target_quantization(args), device=args.device)
-    check_draft(draft_spec(args), dtype=args.dtype, device=args.device)
+    plan_draft(draft_spec(args)).check(dtype=args.dtype, device=args.device)
 
 
 def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
@@ -209,13 +215,13 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     are ready when this returns; each model's ``load_seconds`` says how long its own load took."""
     import specdec
     from specdec.devices import resolve_device
-    from specdec.drafters.spec import load_draft
+    from specdec.drafters import plan_draft
     from specdec.models import load_dtype
     from specdec.models.quantize import wait_packed
 
     quantize = _target_quantization(args)
-    draft = load_draft(draft_spec(args), dtype=args.dtype if args.dtype is not None else load_dtype(None, quantize),
-                       device=resolve_device(args.device), compile=bool(args.compile))
+    draft = plan_draft(draft_spec(args)).load(dtype=args.dtype if args.dtype is not None else load_dtype(None, quantize),
+                                              device=resolve_device(args.device), compile=bool(args.compile)).draft
     target = specdec.load(args.target, dtype=args.dtype, quantize=quantize, device=args.device,
                           compile=bool(args.compile), tokenizer=target_tokenizer)
     for level in draft if isinstance(draft, list) else [draft]:
@@ -225,15 +231,16 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
 
 
 def prepare_served_steps(target: Any, draft: Any, gamma: int | None, gamma_schedule: str | None,
-                         max_gamma: int | None) -> None:
-    """Capture (and compile) the steps a default request uses before the server is ready: those of its
-    gamma, and of the schedule's widest when gamma varies (narrower rounds run padded in it)."""
+                         max_gamma: int | None, max_positions: int | None = None) -> None:
+    """Fix the capture plan of the served models before the server is ready (:func:`specdec.decoding.prepare_steps`):
+    caches of ``max_positions`` positions, every width bucket captured (and compiled), so that no request
+    captures anything."""
     from specdec.config import GenerationConfig
     from specdec.decoding import prepare_steps
 
     config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
     gammas = [config.gamma] + ([config.gamma_bound] if config.gamma_schedule != "constant" else [])
-    prepare_steps(target, [draft] if draft is not None else [], gammas)
+    prepare_steps(target, [draft] if draft is not None else [], gammas, max_positions)
 
 
 def draft_label(draft) -> str:
@@ -317,6 +324,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0 or args.timeout <= 0:
         raise SpecDecError("--max-queue must be >= 0 and --timeout > 0")
+    if args.max_positions < 1:
+        raise SpecDecError(f"--max-positions must be >= 1, got {args.max_positions}")
     from specdec.config import GenerationConfig
 
     # Checked before the models load (in the background once the server is up): the speculation options
@@ -324,6 +333,18 @@ def _serve(args: argparse.Namespace) -> int:
     GenerationConfig.from_options(gamma=args.gamma, gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma,
                                   confidence=args.confidence)
     _check_models(args)
+    if args.ui:
+        print(f"specdec: the playground will be at http://{args.host}:{args.port}/ once the models are loaded",
+              file=sys.stderr)
+    serve.run(lambda: load_served(args), host=args.host, port=args.port, max_queue=args.max_queue,
+              api_key=args.api_key, log_level=args.log_level, ui=args.ui)
+    return 0
+
+
+def load_served(args: argparse.Namespace) -> Any:
+    """What ``specdec serve`` serves (run on the server's worker before it reports ready): the models, their
+    steps prepared (:func:`prepare_served_steps`), and the speculation defaults of the command line."""
+    from specdec import serve
 
     def speculation(draft: str | None, gamma: int | None) -> tuple[int | None, str | None]:
         """The speculation defaults (specdec.config.speculation_defaults) for a request's draft specification
@@ -333,19 +354,11 @@ def _serve(args: argparse.Namespace) -> int:
         return speculation_defaults(draft or draft_spec(args), args.gamma if gamma is None else gamma,
                                     args.gamma_schedule)
 
-    def load() -> serve.Served:
-        target, draft = load_models(args)
-        prepare_served_steps(target, draft, *speculation(None, None), args.max_gamma)
-        return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
-                            speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
-                            timeout=args.timeout)
-
-    if args.ui:
-        print(f"specdec: the playground will be at http://{args.host}:{args.port}/ once the models are loaded",
-              file=sys.stderr)
-    serve.run(load, host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
-              log_level=args.log_level, ui=args.ui)
-    return 0
+    target, draft = load_models(args)
+    prepare_served_steps(target, draft, *speculation(None, None), args.max_gamma, args.max_positions)
+    return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
+                        speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
+                        timeout=args.timeout)
 
 
 def _presets() -> int:

@@ -47,11 +47,11 @@ def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: s
     the GenerationConfig default. One int8 (or llama.cpp) model draft outside beam search starts at INT8_DRAFT_GAMMA and,
     when gamma is not given either, adapts (INT8_DRAFT_SCHEDULE); every other draft keeps the defaults.
     A given gamma alone drafts a constant gamma, as in the paper."""
-    from specdec.drafters.spec import is_plain, parse_spec
+    from specdec.drafters import plan_draft
 
-    if not isinstance(draft, str) or is_plain(draft) or gamma is not None or (num_beams or 1) > 1:
+    if not isinstance(draft, str) or gamma is not None or (num_beams or 1) > 1:
         return gamma, gamma_schedule
-    levels = parse_spec(draft)  # a quantized level is a model level: the parser refuses quantized drafters
+    levels = plan_draft(draft).levels  # a quantized level is a model level: the parser refuses quantized drafters
     if len(levels) != 1 or levels[0].quantize not in ("int8", "llama-cpp"):
         return gamma, gamma_schedule
     return INT8_DRAFT_GAMMA, gamma_schedule or INT8_DRAFT_SCHEDULE

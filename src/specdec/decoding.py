@@ -14,6 +14,7 @@ Invariant between rounds: the target's cache holds every token of ``sequence`` b
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -21,8 +22,7 @@ import torch
 
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
-from specdec.drafters import DraftContext, make_drafter
-from specdec.drafters.base import merge_widths
+from specdec.drafters import DraftContext, DraftPlan, plan_draft
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
@@ -140,14 +140,16 @@ def generate(
         config = GenerationConfig.from_options(**options)
     elif options:
         raise SpecDecError("pass either config= or keyword options, not both")
-    _check_names(target, draft)
+    plan = plan_draft(draft)  # a draft is resolved once: parsed, checked, then loaded and built
+    _check_names(target, plan)
     target = load(target)
     check_target(target)
-    drafter = make_drafter(draft, target, inner_gamma=config.gamma)
+    plan = plan.load(target)
     prompt_ids = _prompt_ids(target, prompt, config)
     seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
     if config.num_beams > 1:
-        return _beam_generate(target, draft, prompt_ids, config, seed)
+        return _beam_generate(target, plan.draft, prompt_ids, config, seed)
+    drafter = plan.build(target, inner_gamma=config.gamma)
     run = _prepare(target, drafter, prompt_ids, config, seed, on_tokens)
     run.on_round = on_round
     try:
@@ -169,39 +171,37 @@ def check_target(target: Any) -> None:
 
 
 def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence[int],
-                  max_positions: int | None = None) -> None:
-    """With CUDA graphs, capture (and compile) now the step widths generations with ``drafts`` (each what
-    ``generate(draft=...)`` takes; none: plain decoding) and these gammas will run, so that no capture lands
-    inside a timed or waited-for generation (:meth:`LanguageModel.prepare_steps`). The target runs one token
-    (plain steps) and gamma + 1 (verification); each drafter says what its models run
-    (:meth:`~specdec.drafters.base.Drafter.step_widths`). A narrower step runs padded in the next wider graph."""
-    widths: dict[Any, set[int]] = {target: {1} | ({g + 1 for g in gammas} if drafts else set())}
+                  max_positions: int | None = None) -> list[LanguageModel]:
+    """With CUDA graphs, fix the capture plan of the target and of every model that generations with
+    ``drafts`` (each what ``generate(draft=...)`` takes; none: plain decoding) and these gammas run
+    (:meth:`LanguageModel.prepare_steps`: one cache capacity, ``max_positions``, and every width bucket
+    captured), so that no capture lands inside a timed or waited-for generation. Each drafter names the
+    models it runs (:meth:`~specdec.drafters.base.Drafter.step_widths`). Returns the models prepared."""
+    from specdec.models.graphs import MAX_GRAPH_WIDTH
+
+    models: dict[Any, None] = {target: None}
     for draft in drafts:
+        plan = plan_draft(draft).load(target)  # its models load once, not once per gamma
         for gamma in gammas:
-            drafter = make_drafter(draft, target, inner_gamma=gamma)
-            if drafter is not None:  # the target as its own draft is prepared for its own role only
-                widths = merge_widths(widths, {m: w for m, w in drafter.step_widths(gamma).items() if m is not target})
-    for model, model_widths in widths.items():
-        if isinstance(model, LanguageModel):
-            model.prepare_steps(sorted(model_widths), max_positions)
+            drafter = plan.build(target, inner_gamma=gamma)
+            if drafter is not None:
+                models.update(dict.fromkeys(drafter.step_widths(gamma)))
+    if target.cuda_graphs and drafts and max(gammas, default=0) + 1 > MAX_GRAPH_WIDTH:
+        warnings.warn(f"gamma {max(gammas)} verifies {max(gammas) + 1} tokens, wider than the largest captured step "
+                      f"({MAX_GRAPH_WIDTH}): those verifications run eagerly", RuntimeWarning, stacklevel=2)
+    prepared = [m for m in models if isinstance(m, LanguageModel)]
+    for model in prepared:
+        model.prepare_steps(max_positions)
+    return prepared
 
 
-def _check_names(target: Any, draft: Any) -> None:
-    """Models given by name are checked (presets, paths, hub ids) before the first one loads."""
-    from specdec.drafters import DRAFTER_NAMES
+def _check_names(target: Any, plan: DraftPlan) -> None:
+    """Models given by name (the target, the plan's model levels) are checked before the first one loads."""
     from specdec.models import source_kind
 
     if isinstance(target, (str, os.PathLike)):
         source_kind(target)
-    from specdec.drafters.spec import as_draft_error, is_spec, model_levels
-
-    names = [level.name for level in model_levels(draft)] if is_spec(draft) else draft
-    for spec in names if isinstance(names, (list, tuple)) else [names]:
-        if isinstance(spec, (str, os.PathLike)) and str(spec) not in DRAFTER_NAMES:
-            try:
-                source_kind(spec)
-            except SpecDecError as err:
-                raise as_draft_error(err) from None
+    plan.check()
 
 
 def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
@@ -228,7 +228,7 @@ class _Run:
     config: GenerationConfig
     session: Any  # the target's ModelSession
     sequence: list[int]  # host copy of the decoded sequence (prompt included for a causal LM)
-    last: torch.Tensor  # [1] the sequence's last token on the device (not yet in the target's cache)
+    ids: torch.Tensor  # [max positions] long: the sequence on the device (written in place each round; drafters read it)
     start_len: int
     limit: int  # new tokens at most (max_new_tokens, or fewer when the context ends first)
     generator: torch.Generator
@@ -260,7 +260,7 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
     limit = new_token_limit(len(prompt_ids), config.max_new_tokens, target.max_context, target.name)
     session, sequence = target.start(prompt_ids, len(prompt_ids) + limit + 1)
     run = _Run(target, prompt_ids, drafter, make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound), config,
-               session, sequence, torch.tensor(sequence[-1:], dtype=torch.long).to(device), len(sequence), limit,
+               session, sequence, _device_ids(sequence, len(sequence) + limit + 1, device), len(sequence), limit,
                new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
     if config.stop:
         run.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
@@ -270,9 +270,16 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
         source = prompt_ids if target.is_encoder_decoder else ()
         stop_below = config.confidence if config.gamma_schedule == "confidence" else None
         drafter.start(DraftContext(prompt_ids, config.sampling, run.generator, target.vocab_size, frozenset(run.eos),
-                                   source, stop_below, device, len(sequence) + limit + 1))
+                                   source, stop_below, device, len(sequence) + limit + 1, run.ids))
         stats.time_draft += wall() - t0
     return run
+
+
+def _device_ids(sequence: list[int], positions: int, device: torch.device) -> torch.Tensor:
+    """[positions] long on ``device``, the sequence in its first len(sequence) entries (one upload, at the start)."""
+    ids = torch.zeros(positions, dtype=torch.long, device=device)
+    ids[: len(sequence)] = torch.tensor(sequence, dtype=torch.long, device=device)
+    return ids
 
 
 def _round(run: _Run) -> None:
@@ -281,10 +288,12 @@ def _round(run: _Run) -> None:
     generated = len(run.sequence) - run.start_len
     # Never draft past the budget: n accepted + 1 target token must fit.
     k = min(run.schedule.next_gamma(), run.limit - generated - 1) if drafter is not None else 0
-    r = speculative_round(run.session, drafter, run.sequence, k, run.last, config.sampling, run.generator, run.clock,
+    length = len(run.sequence)
+    pending = run.ids[length - 1: length]  # [1] the sequence's last token: the one the target's cache lacks
+    r = speculative_round(run.session, drafter, run.sequence, k, pending, config.sampling, run.generator, run.clock,
                           lenience=config.lenience, verification=config.verification)
     run.stats.record_round(r)
-    run.last = r.result.tokens[r.n: r.n + 1]  # [1] the target's token, on the device
+    run.ids[length: length + r.n + 1] = r.result.tokens[: r.n + 1]  # the round's tokens stay on the device
     if drafter is not None:
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))

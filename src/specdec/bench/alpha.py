@@ -39,7 +39,8 @@ from specdec.bench.arguments import (
     DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
     add_threads_argument, number_list,
 )
-from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus, parse_spec
+from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus
+from specdec.drafters import plan_draft
 from specdec.bench.formatting import fmt, short
 from specdec.bench.machine import dtype_name, machine_info
 from specdec.bench.tasks import encode_item, has_chat_template, load_task, ngram_corpus
@@ -88,7 +89,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     if 1.0 not in leniences:
         leniences = [1.0, *leniences]
     for spec in args.drafts:
-        parse_spec(spec)
+        plan_draft(spec)
     return temperatures, leniences
 
 
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: 
 
 def _kind(spec: str) -> str:
     try:
-        levels = parse_spec(spec)
+        levels = plan_draft(spec).levels
     except SpecDecError:
         return "custom"
     if len(levels) > 1:

@@ -10,19 +10,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from specdec.devices import resolve_device
-from specdec.drafters import DRAFTER_NAMES, DraftContext, DrafterBase, NGramDrafter
-from specdec.drafters.spec import parse_spec
+from specdec.drafters import DraftContext, DrafterBase, NGramDrafter, plan_draft
+from specdec.drafters.plan import DRAFTER_NAMES, is_model_spec
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 
 __all__ = ["CorpusNGramDrafter", "ModelPool", "build_draft", "check_models", "corpus_ids", "is_model_spec", "needs_corpus",
-           "parse_spec", "spec_models"]
-
-
-def is_model_spec(spec: str) -> bool:
-    """True when the spec is one model level (transformers' assisted generation can use it)."""
-    levels = parse_spec(spec)
-    return len(levels) == 1 and levels[0][0] not in DRAFTER_NAMES
+           "spec_models"]
 
 
 class CorpusNGramDrafter(NGramDrafter):
@@ -74,7 +68,6 @@ class ModelPool:
 def check_models(pool: ModelPool, target: tuple[str, str | None] | None, specs: Sequence[str]) -> None:
     """Every check loading would make on the target (name, quantization) and the model levels of ``specs``,
     made before the first model loads; models already in the pool and random weights are not checked."""
-    from specdec.drafters.spec import check_draft
     from specdec.models import check_load
 
     if pool.random_weights:
@@ -82,32 +75,28 @@ def check_models(pool: ModelPool, target: tuple[str, str | None] | None, specs: 
     if target is not None and (f"{target[0]}:{target[1]}" if target[1] else target[0]) not in pool.models:
         check_load(target[0], dtype=pool.dtype, quantize=target[1], device=pool.device)
     for spec in specs:
-        if not any(lv.name in pool.models or f"{lv.name}:{lv.quantize}" in pool.models for lv in parse_spec(spec)):
-            check_draft(spec, dtype=pool.dtype, device=pool.device)
+        plan = plan_draft(spec)
+        if not any(lv.name in pool.models or f"{lv.name}:{lv.quantize}" in pool.models for lv in plan.levels):
+            plan.check(dtype=pool.dtype, device=pool.device)
 
 
 def build_draft(spec: str, pool: ModelPool, corpus_ids: Sequence[int] | None = None) -> Any:
     """What ``specdec.generate(draft=...)`` takes for ``spec``: a model, a drafter (name or object), or a
     list of them (a hierarchy). Unigram/bigram get ``corpus_ids`` when given."""
-    levels = []
-    for name, quant in parse_spec(spec):
-        if name in ("unigram", "bigram") and corpus_ids:
-            levels.append(CorpusNGramDrafter(1 if name == "unigram" else 2, corpus_ids))
-        elif name in DRAFTER_NAMES:
-            levels.append(name)
-        else:
-            levels.append(pool.get(name, quant))
+    plan = plan_draft(spec).load(get=pool.get)
+    levels = [CorpusNGramDrafter(1 if name == "unigram" else 2, corpus_ids)
+              if name in ("unigram", "bigram") and corpus_ids else name for name, _ in plan.levels]
     return levels[0] if len(levels) == 1 else levels
 
 
 def spec_models(spec: str, pool: ModelPool) -> list[LanguageModel]:
     """The models of a spec, in level order (for measuring their step cost)."""
-    return [pool.get(name, quant) for name, quant in parse_spec(spec) if name not in DRAFTER_NAMES]
+    return [pool.get(lv.name, lv.quantize) for lv in plan_draft(spec).model_names]
 
 
 def needs_corpus(specs: Sequence[str]) -> bool:
     """True when some spec has a unigram or bigram level (the only drafts that use a corpus)."""
-    return any(name in ("unigram", "bigram") for spec in specs for name, _ in parse_spec(spec))
+    return any(name in ("unigram", "bigram") for spec in specs for name in plan_draft(spec).drafter_names)
 
 
 def corpus_ids(text: str | None, target: LanguageModel) -> list[int] | None:

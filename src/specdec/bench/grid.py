@@ -10,7 +10,8 @@ import argparse
 from dataclasses import astuple, dataclass, field
 
 from specdec.bench.arguments import comma_list, number_list
-from specdec.bench.drafts import is_model_spec, parse_spec
+from specdec.bench.drafts import is_model_spec
+from specdec.drafters import plan_draft
 from specdec.bench.methods import METHODS, default_methods, has_gguf
 from specdec.errors import SpecDecError
 from specdec.schedules import SCHEDULES
@@ -64,7 +65,7 @@ def grid_from_args(args: argparse.Namespace, draft_override: str | None) -> Grid
         raise SpecDecError(f"unknown verification(s) {', '.join(bad)}; choose from {', '.join(VERIFICATIONS)}")
     drafts = [draft_override] if draft_override else list(args.drafts or [args.draft])
     for spec in drafts:
-        parse_spec(spec)
+        plan_draft(spec)
     assisted = None
     if getattr(args, "hf_assisted_drafts", None):
         assisted = list(dict.fromkeys(args.hf_assisted_drafts))

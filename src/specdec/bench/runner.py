@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from specdec.bench.aggregation import compare, grid_rows, speedups, summarize
 from specdec.bench.arguments import validate
-from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, needs_corpus, parse_spec, spec_models
+from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, needs_corpus, spec_models
+from specdec.drafters import plan_draft
 from specdec.bench.floor import weight_floor
 from specdec.bench.formatting import short
 from specdec.bench.grid import Cell, Grid, build_cells, grid_from_args, select_methods, skipped_assisted
@@ -125,7 +126,7 @@ def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], p
         elif cell.draft == "prompt-lookup":
             runners[cell.label] = hf_runner(target, s, prompt_lookup=True)
         else:
-            name, quant = parse_spec(cell.draft)[0]
+            name, quant = plan_draft(cell.draft).levels[0]
             assistant = pool.get(name, quant)
             # another tokenizer: transformers' universal assisted generation (it converts through text)
             other = None if same_vocabulary(target, assistant) else assistant.tokenizer

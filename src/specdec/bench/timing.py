@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from specdec.bench.drafts import parse_spec
+from specdec.drafters import plan_draft
 from specdec.devices import Stopwatch
 from specdec.models import LanguageModel, same_vocabulary
 
@@ -94,7 +94,7 @@ def measure_costs(target: LanguageModel, models: dict[str, list[LanguageModel]],
             times.append(seen[id(m)])
         entry["k1_s"] = times
         entry["c_levels"] = [t / t1 for t in times]
-        entry["c_direct"] = times[0] / t1 if len(levels) == 1 and len(parse_spec(spec)) == 1 else None
+        entry["c_direct"] = times[0] / t1 if len(levels) == 1 and len(plan_draft(spec).levels) == 1 else None
         out["drafts"][spec] = entry
     return out
 

@@ -70,6 +70,10 @@ class DraftContext:
       its top probability for the next token is below this value (None: never stops early).
     device: where the target runs: proposals (tokens and q) must be on it.
     max_positions: the most positions the generation can reach (sizes a model draft's static cache).
+    sequence_ids: [max_positions] long on the device: the decoded sequence by position. When ``propose`` is
+      called, positions < len(sequence) hold the sequence; the loop writes each round's tokens in place
+      (and a hierarchy's level what it emits while it drafts). A model draft feeds the tokens its cache
+      lacks from here instead of uploading host ids (None: no device copy, feed the host ids).
     """
 
     prompt_ids: Sequence[int]
@@ -81,6 +85,7 @@ class DraftContext:
     stop_below: float | None = None
     device: torch.device = torch.device("cpu")
     max_positions: int | None = None
+    sequence_ids: torch.Tensor | None = None
 
     @cached_property
     def host_generator(self) -> torch.Generator:

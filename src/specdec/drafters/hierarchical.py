@@ -41,7 +41,8 @@ class SpeculativeDrafter(ModelDrafter):
 
     def start(self, context: DraftContext) -> None:
         super().start(context)  # M_1's session, as for a plain model draft
-        # The inner drafter sees the same random source and standardization, with M_1's width.
+        # The inner drafter sees the same random source, standardization and device copy of the sequence
+        # (this level writes what it emits there, at the positions it drafts for), with M_1's width.
         self.inner.start(context)
         self.level = LevelStats(level=self.name)
         self.clock = RoundClock(context.device)
@@ -53,19 +54,24 @@ class SpeculativeDrafter(ModelDrafter):
             return Draft.empty(self.context.device)
         ctx = self.context
         t_start = self.clock.mark()
-        tokens: list[int] = []
+        tokens: list[int] = []  # host copies (each round's read-back) of what M_1 emitted
+        emitted: list[torch.Tensor] = []  # the same tokens on the device: [n + 1] per round
         qs: list[torch.Tensor] = []
         prefix = list(sequence)
+        pending = self.unseen(prefix)  # [m] what M_1's cache lacks (device ids, read from the context's copy)
         while len(tokens) < k:
             kk = k - len(tokens) - 1  # leave room for M_1's own residual/bonus token
-            pending = torch.tensor(prefix[self.session.length:], dtype=torch.long, device=ctx.device)  # [m] host ids
-            r = speculative_round(self.session, self.inner, prefix, min(self.inner_gamma, kk), pending, ctx.sampling,
-                                  ctx.generator, self.clock, width=ctx.vocab_size)
+            r = speculative_round(self.session, self.inner, prefix, min(self.inner_gamma, kk), self.session.ids(pending),
+                                  ctx.sampling, ctx.generator, self.clock, width=ctx.vocab_size)
             self.level.record_round(r)
             if r.result.p is not None:
                 qs.extend(r.result.p[: r.n + 1])  # each emitted token was drawn from M_1's row at its position
+            if ctx.sequence_ids is not None:  # the positions the level below reads (the loop overwrites them later)
+                ctx.sequence_ids[len(prefix): len(prefix) + r.n + 1] = r.result.tokens[: r.n + 1]
             tokens.extend(r.new)
             prefix.extend(r.new)
+            emitted.append(r.result.tokens[: r.n + 1])
+            pending = r.result.tokens[r.n: r.n + 1]  # [1] M_1's own token: the one its cache lacks
             if any(t in ctx.eos_token_ids for t in r.new):
                 break  # nothing after an end-of-sequence token can be accepted
         tokens = tokens[:k]
@@ -73,7 +79,7 @@ class SpeculativeDrafter(ModelDrafter):
         self.level.new_tokens += len(tokens)
         self.level.time_total += self.clock.seconds(t_start, self.clock.mark())
         q = torch.stack(qs[: len(tokens)]) if qs else None
-        return Draft.from_ids(tokens, ctx.device, q)
+        return Draft(torch.cat(emitted)[: len(tokens)], q) if tokens else Draft.empty(ctx.device)  # [k], never uploaded
 
     def update(self, n_accepted: int) -> None:
         """Roll back this level, and every level below it to what the level above accepted.

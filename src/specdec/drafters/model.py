@@ -65,10 +65,17 @@ class ModelDrafter(SessionDrafter):
         self.session.prefill(sequence[:-1])  # the last token is fed by the first proposal
         self._proposed = None
 
+    def unseen(self, sequence: Sequence[int]) -> torch.Tensor | list[int]:
+        """What the cache lacks of ``sequence``: [m] ids (after a round the verifier's token, and the last
+        drafted one when all were accepted; after plain rounds more), read from the context's device copy
+        of the sequence, so nothing is uploaded (host ids where there is no device copy)."""
+        if self.context.sequence_ids is not None:
+            return self.context.sequence_ids[self.session.length: len(sequence)]
+        return list(sequence[self.session.length:])
+
     def catch_up(self, sequence: Sequence[int]) -> torch.Tensor:
         """Feed what the cache lacks of ``sequence``; logits [V] predicting the token after it."""
-        pending = list(sequence[self.session.length:])
-        return self.session.extend(pending, 1)[0]
+        return self.session.extend(self.unseen(sequence), 1)[0]
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
         if k <= 0:

@@ -6,7 +6,8 @@
                                       int8-tensor or llama-cpp (model levels only; without it the model
                                       runs unquantized; llama-cpp: its GGUF in llama.cpp)
 
-e.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``qwen2.5-coder-0.5b:int8<-prompt-lookup`` (quote
+The grammar only; :mod:`specdec.drafters.plan` resolves a spec (or any ``draft=``) once into the plan that
+is checked, loaded and built. E.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``qwen2.5-coder-0.5b:int8<-prompt-lookup`` (quote
 it in a shell), ``bigram``, ``smollm2-135m:int8`` (a draft with another tokenizer). ``none`` means plain
 decoding where a draft may be chosen (the CLI, the server).
 """
@@ -28,7 +29,7 @@ class DraftLevel(NamedTuple):
 
 
 def _drafter_names() -> Any:
-    from specdec.drafters import DRAFTER_NAMES
+    from specdec.drafters.plan import DRAFTER_NAMES
 
     return DRAFTER_NAMES
 
@@ -38,13 +39,6 @@ def as_draft_error(err: SpecDecError, plain: bool = False) -> SpecDecError:
     may be (the parameter-free drafters, and ``none`` where plain decoding can be chosen)."""
     names = [*_drafter_names(), *([PLAIN] if plain else [])]
     return SpecDecError(f"{err} (as a draft, also accepted: {', '.join(names)})")
-
-
-def is_spec(value: Any) -> bool:
-    """True for a string that only the spec grammar reads: a hierarchy or a quantized level."""
-    if not isinstance(value, str):
-        return False
-    return HIERARCHY_ARROW in value or any(value.strip().endswith(":" + q) for q in QUANTIZATIONS)
 
 
 def parse_spec(spec: str) -> list[DraftLevel]:
@@ -96,49 +90,3 @@ def with_default_quantization(spec: str, quantize: str | None) -> str:
 
 def is_plain(spec: str | None) -> bool:
     return spec is None or (isinstance(spec, str) and spec.strip().lower() == PLAIN)
-
-
-def model_levels(spec: str) -> list[DraftLevel]:
-    """The model levels of ``spec`` (those with weights), in level order."""
-    drafters = _drafter_names()
-    return [lv for lv in parse_spec(spec) if lv.name not in drafters]
-
-
-def load_draft(spec: str, target: Any = None, dtype: Any = None, compile: bool = False, device: Any = None) -> Any:
-    """What :func:`specdec.generate` takes as ``draft=`` for ``spec``: None for ``none``, a drafter name, a
-    loaded model, or a list of them (a hierarchy). Models load like ``target`` (its device, its dtype
-    unless ``dtype`` says otherwise), each with its level's quantization; without a target (a draft loaded
-    before it), on ``device`` in ``dtype``."""
-    from specdec.models import load
-
-    if target is not None:
-        dtype = dtype if dtype is not None else target.dtype
-        device = target.device
-
-    if is_plain(spec):
-        return None
-    drafters = _drafter_names()
-    out = []
-    for level in parse_spec(spec):
-        if level.name in drafters:
-            out.append(level.name)
-            continue
-        try:
-            out.append(load(level.name, dtype=dtype, quantize=level.quantize, device=device, compile=compile))
-        except SpecDecError as err:
-            raise as_draft_error(err, plain=True) from None
-    return out[0] if len(out) == 1 else out
-
-
-def check_draft(spec: str, dtype: Any = None, device: Any = None) -> None:
-    """Every check :func:`load_draft` would make, without loading anything (unknown names, missing files,
-    unknown quantization methods, int8 off the CPU, drafters above a model)."""
-    from specdec.models import check_load
-
-    if is_plain(spec):
-        return
-    for level in model_levels(spec):
-        try:
-            check_load(level.name, dtype=dtype, quantize=level.quantize, device=device)
-        except SpecDecError as err:
-            raise as_draft_error(err, plain=True) from None

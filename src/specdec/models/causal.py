@@ -16,7 +16,8 @@ import torch
 
 from specdec.devices import module_device
 from specdec.errors import SpecDecError
-from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, compiled_step, static_step
+from specdec.models import graphs
+from specdec.models.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS, CapturedStep, compiled_step, static_step
 from specdec.models.kv_cache import cache_keyword
 from specdec.models.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
@@ -108,6 +109,8 @@ class LanguageModel:
 
             use_row_attention(self.hf_model)
         self._caches: list[tuple[StaticKVCache, bool]] = []  # (cache, in use): the static caches, reused
+        self.capacity: int | None = None  # positions of every cache, fixed by prepare_steps (None: sized per generation)
+        self._graph_pool: Any = None  # the CUDA graph memory pool all this model's captured steps share
         self._step = compiled_step() if self.compile else static_step
 
     def __repr__(self) -> str:
@@ -181,35 +184,51 @@ class LanguageModel:
         session_class = StaticSession if self.engine == "static" else DynamicSession
         return session_class(self, max_positions), list(prompt_ids)
 
-    def prepare_steps(self, widths: Sequence[int], max_positions: int | None = None) -> list[int]:
-        """Capture (and with ``compile``, compile) the steps of ``widths`` tokens now, on the cache that a
-        generation of up to ``max_positions`` positions then takes from the pool, so that no capture (a
-        compilation takes tens of seconds) lands inside a timed or waited-for generation. Returns the widths
-        that have a captured step; a no-op without CUDA graphs."""
+    def prepare_steps(self, max_positions: int | None = None) -> list[int]:
+        """Fix the capture plan now (:mod:`specdec.models.graphs`): every cache holds ``max_positions``
+        positions (default: the model's context) plus the widest padded step, and every width bucket is
+        captured (and with ``compile``, compiled), largest first into one memory pool. Later generations of
+        up to ``max_positions`` positions replay these graphs and capture nothing, so no capture (a
+        compilation takes tens of seconds) lands inside a timed or waited-for generation; a longer one
+        runs eagerly. Returns the captured buckets; a no-op without CUDA graphs."""
         if not self.cuda_graphs:
             return []
-        session = StaticSession(self, max_positions)
+        positions = max_positions or self.max_context or MIN_CAPACITY
+        capacity = positions + MAX_GRAPH_WIDTH
+        ready = [c for c, used in self._caches if c.prepared and c.capacity == capacity and c.graphs]
+        if capacity == self.capacity and ready:
+            return sorted(ready[0].graphs)  # prepared already, for this capacity
+        self.capacity = capacity
+        self._caches = [(c, used) for c, used in self._caches if used]  # free caches of another plan go
+        session = StaticSession(self, positions)
+        session.cache.prepared = False  # until every bucket is captured
         try:
             session.prefill([0])  # one position: steps run at positions >= 1 (the prefill is never captured)
-            for width in sorted(set(widths)):  # ascending: each width gets a graph of its own
+            for width in reversed(WIDTH_BUCKETS):  # largest first: the narrower graphs reuse its pool memory
                 session.extend([0] * width, 1)
                 session.rollback(1)
+            session.cache.prepared = True
             return sorted(session.cache.graphs)
         finally:
             session.close()
 
     def acquire_cache(self, max_positions: int | None) -> StaticKVCache:
         """A free static cache with room for max_positions plus the widest padded step (kept for reuse:
-        its captured graphs are tied to its buffers)."""
+        its captured graphs are tied to its buffers). On a prepared model (:meth:`prepare_steps`) a new
+        cache has the fixed capacity, or more for a longer generation, and captures nothing: its steps run
+        eagerly."""
         needed = (max_positions or MIN_CAPACITY) + MAX_GRAPH_WIDTH
         free = [c for c, used in self._caches if not used and c.capacity >= needed]
         if free:
             cache = min(free, key=lambda c: c.capacity)
         else:
-            # A cache too small for this generation is dropped with its graphs rather than kept twice.
-            self._caches = [(c, used) for c, used in self._caches if used]
-            cache = StaticKVCache(self.hf_model.config, capacity_for(needed, None), self.device, self.dtype,
-                                  cache_keyword(self.hf_model))
+            # A cache too small for this generation is dropped with its graphs rather than kept twice (the
+            # prepared cache stays).
+            self._caches = [(c, used) for c, used in self._caches if used or (c.prepared and c.graphs)]
+            fixed = self.capacity is not None and needed <= self.capacity
+            cache = StaticKVCache(self.hf_model.config, self.capacity if fixed else capacity_for(needed, None),
+                                  self.device, self.dtype, cache_keyword(self.hf_model))
+            cache.prepared = self.capacity is not None
         self._caches = [(c, used or c is cache) for c, used in self._caches] + ([] if free else [(cache, True)])
         return cache
 
@@ -217,5 +236,7 @@ class LanguageModel:
         self._caches = [(c, used and c is not cache) for c, used in self._caches]
 
     def captured_step(self, cache: StaticKVCache, width: int) -> CapturedStep:
-        """The step of ``width`` tokens on ``cache``, to be captured on its first call."""
-        return CapturedStep(self._step, self.hf_model, cache, width)
+        """The step of ``width`` tokens on ``cache``, to be captured on its first call into the model's pool."""
+        if self._graph_pool is None:
+            self._graph_pool = graphs.memory_pool()
+        return CapturedStep(self._step, self.hf_model, cache, width, self._graph_pool)

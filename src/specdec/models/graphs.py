@@ -1,14 +1,19 @@
 """Fixed-shape forward steps on a static cache, run eagerly or replayed as captured CUDA graphs.
 
 One step feeds w tokens at positions ``start .. start + w - 1`` and returns their logits [w, V].
-Its shapes depend on w alone (:mod:`specdec.models.static_cache`), so on CUDA each width is
-captured once per cache as a CUDA graph (optionally after ``torch.compile``) and replayed: the
-draft's one-token step, its two-token catch-up, and the target's gamma + 1 verification pass cost
-one graph launch each instead of hundreds of kernel launches. A request for a width that has no
-graph yet uses the narrowest captured graph that is at least as wide (the extra tokens are padding:
-they write stale cache entries past the sequence, which the mask hides and later writes overwrite),
-else captures its own; one-token steps always have their own. The prefill and steps wider than
-``MAX_GRAPH_WIDTH`` run eagerly.
+Its shapes depend on w alone (:mod:`specdec.models.static_cache`), so on CUDA a step is captured as a
+CUDA graph (optionally after ``torch.compile``) and replayed: the draft's one-token step, its
+two-token catch-up, and the target's gamma + 1 verification pass cost one graph launch each instead
+of hundreds of kernel launches.
+
+The capture plan (as in vLLM and gpt-fast): a fixed set of width buckets (``WIDTH_BUCKETS``: 1, 2, 4,
+8, 16, 32). A step of w tokens runs in the narrowest bucket >= w (the extra tokens are padding: they
+write stale cache entries past the sequence, which the mask hides and later writes overwrite). A
+prepared model (:meth:`~specdec.models.causal.LanguageModel.prepare_steps`) fixes its cache capacity
+and captures every bucket, largest first, into one shared memory pool; after that nothing is ever
+captured in a generation: a step that has no graph (wider than the largest bucket, a long catch-up;
+a generation longer than the prepared capacity) runs eagerly. An unprepared model captures a bucket
+on its first use. The prefill always runs eagerly.
 
 Why not transformers' ``StaticCache`` with ``torch.compile(mode="reduce-overhead")``: its cache
 advances an internal length on every call (re-running a step at the same positions, which is
@@ -27,7 +32,8 @@ import torch
 
 from specdec.models.static_cache import StaticKVCache
 
-MAX_GRAPH_WIDTH = 64  # wider steps (a catch-up after plain steps, say) run eagerly
+WIDTH_BUCKETS = (1, 2, 4, 8, 16, 32)  # captured step widths; a narrower step runs padded in the next one
+MAX_GRAPH_WIDTH = WIDTH_BUCKETS[-1]  # wider steps (a long catch-up after plain steps, say) run eagerly
 WARMUP_RUNS = 2  # eager runs on a side stream before capture (cuBLAS workspaces, compilation)
 
 
@@ -51,8 +57,10 @@ def static_step(hf_model: Any, cache: StaticKVCache, ids: torch.Tensor, start: t
 class CapturedStep:
     """The step of one width on one cache, captured as a CUDA graph: fill ``ids``/``start``, replay."""
 
-    def __init__(self, step: Callable[..., torch.Tensor], hf_model: Any, cache: StaticKVCache, width: int):
+    def __init__(self, step: Callable[..., torch.Tensor], hf_model: Any, cache: StaticKVCache, width: int,
+                 pool: Any = None):
         self.width = width
+        self.pool = pool  # the memory pool the graph is captured into (shared by a model's graphs)
         self.ids = torch.zeros(1, width, dtype=torch.long, device=cache.device)  # [1, w] static input
         self.start = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static input
         self.compiled = step is not static_step  # False after a fallback from a failed compilation
@@ -86,7 +94,7 @@ class CapturedStep:
                 self._run()
             for _ in range(WARMUP_RUNS - 1):
                 self._run()
-        self.graph, self.logits = capture(self._run)
+        self.graph, self.logits = capture(self._run, self.pool)
 
 
 @contextlib.contextmanager
@@ -100,17 +108,29 @@ def side_stream() -> Iterator[None]:
     torch.cuda.current_stream().wait_stream(side)
 
 
-def capture(run: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
-    """Capture ``run`` as a CUDA graph: (the graph, its static output, rewritten by every ``replay()``).
+def capture(run: Callable[[], torch.Tensor], pool: Any = None) -> tuple[Any, torch.Tensor]:
+    """Capture ``run`` as a CUDA graph into the memory ``pool`` (None: a private one): (the graph, its static
+    output, rewritten by every ``replay()``).
 
-    This and :func:`side_stream` are the only CUDA calls of a captured step; tests on CPU stand in
-    for both with a graph that replays by running again into the same output (``emulated_graphs`` in
-    ``tests/conftest.py``), so the bookkeeping around them runs where CI does.
+    This, :func:`side_stream` and :func:`memory_pool` are the only CUDA calls of a captured step; tests on
+    CPU stand in for them with a graph that replays by running again into the same output
+    (``emulated_graphs`` in ``tests/conftest.py``), so the bookkeeping around them runs where CI does.
     """
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         output = run()
     return graph, output
+
+
+def memory_pool() -> Any:
+    """A CUDA graph memory pool: the graphs of one model share it. Graphs are captured largest first, so
+    each narrower one reuses the memory the wider ones reserved (their replays never overlap)."""
+    return torch.cuda.graph_pool_handle()
+
+
+def bucket_for(width: int) -> int | None:
+    """The narrowest bucket >= ``width`` (None: wider than every bucket, the step runs eagerly)."""
+    return next((b for b in WIDTH_BUCKETS if b >= width), None)
 
 
 # Compiled steps of all widths and models share one dynamo cache (that of static_step's code): one
@@ -133,17 +153,18 @@ def compiled_step(backend: str = "inductor") -> Callable[..., torch.Tensor]:
 
 def graph_for(cache: StaticKVCache, width: int,
               make: Callable[[StaticKVCache, int], CapturedStep]) -> CapturedStep | None:
-    """The captured step to run ``width`` tokens with: the narrowest captured one >= width, else a new one
-    of exactly ``width`` (None past MAX_GRAPH_WIDTH: run eagerly).
+    """The captured step to run ``width`` tokens with: that of its bucket (:func:`bucket_for`). A prepared
+    cache never captures: a width without a graph returns None (run eagerly); an unprepared one captures
+    the bucket on first use.
 
-    A one-token step (plain decoding, a model draft) always gets its own graph: run padded in the
-    verification's graph it would cost what gamma + 1 tokens cost (2.52 against 2.37 ms for the
-    compiled 1.5B on an H100, k = 8 against 1), on every token.
+    A one-token step (plain decoding, a model draft) has its own bucket: run padded in the verification's
+    graph it would cost what gamma + 1 tokens cost (2.52 against 2.37 ms for the compiled 1.5B on an
+    H100, k = 8 against 1), on every token.
     """
-    wide_enough = [w for w in cache.graphs if w >= width and (w == width or width > 1)]
-    if wide_enough:
-        return cache.graphs[min(wide_enough)]
-    if width > MAX_GRAPH_WIDTH:
+    bucket = bucket_for(width)
+    if bucket is None:
         return None
-    cache.graphs[width] = make(cache, width)
-    return cache.graphs[width]
+    step = cache.graphs.get(bucket)
+    if step is None and not cache.prepared:
+        step = cache.graphs[bucket] = make(cache, bucket)
+    return step

@@ -177,5 +177,5 @@ class LlamaCppModel:
         self._session = LlamaCppSession(self)
         return self._session, list(prompt_ids)
 
-    def prepare_steps(self, widths: Sequence[int], max_positions: int | None = None) -> list[int]:
+    def prepare_steps(self, max_positions: int | None = None) -> list[int]:
         return []

@@ -68,7 +68,8 @@ class StaticKVCache(Cache):
         self.values: list[torch.Tensor | None] = [None] * len(self.windows)
         self.positions = torch.zeros(1, dtype=torch.long, device=device)  # [w]
         self._kv_index = torch.arange(capacity, device=device)  # [C]
-        self.graphs: dict[int, Any] = {}  # width -> captured step (specdec.models.graphs), tied to these buffers
+        self.graphs: dict[int, Any] = {}  # bucket width -> captured step (specdec.models.graphs), tied to these buffers
+        self.prepared = False  # True: its graphs were captured ahead (LanguageModel.prepare_steps); it captures no more
 
     def __len__(self) -> int:
         return len(self.windows)
