@@ -444,7 +444,7 @@ def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, mon
     captures = []
     real_capture = graphs.CapturedStep._capture
     monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(self.width) or real_capture(self))
-    args = cli.build_parser().parse_args(["serve", "--target", "tiny", "--max-positions", "120"])
+    args = cli.build_parser().parse_args(["serve", "--target", "tiny", "--max-positions", "120", "--max-batch", "1"])
     words = " ".join(f"w{i % 10}" for i in range(60))
     bodies = [
         {"prompt": "w1 w2 w3"}, {"prompt": "w1 w2 w3", "draft": "none"}, {"prompt": "w1 w2 w1 w2", "draft": "prompt-lookup"},

@@ -3,6 +3,7 @@ driven by the official openai client and by raw HTTP. Every wait is bounded in t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import socket
@@ -21,10 +22,14 @@ MAX_QUEUE = 15  # 16 concurrent clients fit: one running, 15 waiting
 LONG = 3000  # tokens of a request meant to be cancelled (5 to 15 ms each here: it would run for 15 s or more)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with tiny_server(tmp_path_factory.mktemp("serve"), "--max-queue", str(MAX_QUEUE)) as served:
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-at-a-time", "batched"])
+def server(request, tmp_path_factory):
+    """Today's worker (--max-batch 1) and the batched one (rows join between rounds: --max-batch 2, so that
+    two long requests fill the batch)."""
+    with tiny_server(tmp_path_factory.mktemp("serve"), "--max-queue", str(MAX_QUEUE), "--max-batch",
+                     str(request.param)) as served:
         served.target = specdec.load(served.model, dtype="fp32")
+        served.max_batch = request.param
         yield served
 
 
@@ -58,6 +63,7 @@ def test_health_and_models(server, client):
     doc = health(server)
     assert doc["status"] == "ready" and doc["model"] == server.model and doc["max_queue"] == MAX_QUEUE
     assert doc["draft"] != "none"  # the model draft of --draft
+    assert doc.get("max_batch", 1) == server.max_batch and doc["running"] == 0  # the batch and the queue
     assert [m.id for m in client.models.list().data] == [server.model]
 
 
@@ -75,8 +81,10 @@ def test_completions_equal_generate(server, client, reference, prompt):
     assert stats["mean_accepted_length"] == pytest.approx(12 / stats["target_calls"])
     assert stats["drafted"] == 0 or 0.0 <= stats["alpha"] <= 1.0
 
+    # gamma 4, constant: every round drafts (the adaptive schedule may stop drafting for a draft that costs
+    # what the tiny target costs, and the batched server keeps what it measured across requests)
     chunks = list(client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0,
-                                            stream=True))
+                                            stream=True, extra_body={"gamma": 4}))
     assert "".join(c.choices[0].text for c in chunks) == ref.text
     assert [c.choices[0].finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
     groups = [c.model_extra["specdec"] for c in chunks[:-1]]  # one event per accepted group of tokens
@@ -177,25 +185,28 @@ def test_sixteen_concurrent_streams(server, client, reference):
 def test_full_queue_answers_429_and_a_disconnecting_client_stops_only_itself(server, reference):
     body = {"model": server.model, "prompt": PROMPTS[0], "max_tokens": LONG, "draft": "none", "stream": True}
     cancelled = health(server)["cancelled"]
-    with ThreadPoolExecutor(MAX_QUEUE) as pool, httpx.Client(timeout=30) as http:
-        with http.stream("POST", server.url + "/v1/completions", json=body) as long:
+    batch = server.max_batch  # long streams that fill the batch: the others wait in the queue
+    with ThreadPoolExecutor(MAX_QUEUE) as pool, httpx.Client(timeout=30) as http, contextlib.ExitStack() as longs:
+        held = []  # the line iterators: a dropped iterator closes its stream, and the server cancels it
+        for _ in range(batch):
+            long = longs.enter_context(http.stream("POST", server.url + "/v1/completions", json=body))
             assert long.status_code == 200
-            lines = long.iter_lines()
-            assert next(line for line in lines if line.startswith("data:"))  # it runs
-            waiting = [pool.submit(post, server, "/v1/completions",
-                                   {"model": server.model, "prompt": PROMPTS[i % 4], "max_tokens": 4 + i % 3})
-                       for i in range(MAX_QUEUE)]
-            wait_until(lambda: health(server)["waiting"] == MAX_QUEUE, 30, "the queue to fill")
-            full = post(server, "/v1/completions", {"model": server.model, "prompt": "w1", "max_tokens": 2})
-            assert full.status_code == 429 and int(full.headers["retry-after"]) >= 1
-            assert full.json()["error"]["code"] == "queue_full" and health(server)["running"] == 1
-        # the long stream is closed here: its client disconnected, the waiting requests go on
+            held.append(long.iter_lines())
+            assert next(line for line in held[-1] if line.startswith("data:"))  # it runs
+        waiting = [pool.submit(post, server, "/v1/completions",
+                               {"model": server.model, "prompt": PROMPTS[i % 4], "max_tokens": 4 + i % 3})
+                   for i in range(MAX_QUEUE)]
+        wait_until(lambda: health(server)["waiting"] == MAX_QUEUE, 30, "the queue to fill")
+        full = post(server, "/v1/completions", {"model": server.model, "prompt": "w1", "max_tokens": 2})
+        assert full.status_code == 429 and int(full.headers["retry-after"]) >= 1
+        assert full.json()["error"]["code"] == "queue_full" and health(server)["running"] == batch
+        longs.close()  # the long streams are closed here: their clients disconnected, the waiting requests go on
         answers = [f.result(timeout=90) for f in waiting]
     for i, answer in enumerate(answers):
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["text"] == reference(PROMPTS[i % 4], 4 + i % 3).text
     doc = wait_until(lambda: (d := health(server))["running"] == 0 and d, 10, "the worker to be idle")
-    assert doc["waiting"] == 0 and doc["cancelled"] == cancelled + 1
+    assert doc["waiting"] == 0 and doc["cancelled"] == cancelled + batch
 
 
 def test_a_non_streaming_client_that_leaves_cancels_its_generation(server):
@@ -222,17 +233,23 @@ def test_requests_run_in_arrival_order(server, reference):
         finished.append(i)  # list.append is atomic
         return answer
 
-    with ThreadPoolExecutor(len(PROMPTS)) as pool, httpx.Client(timeout=30) as http:
-        with http.stream("POST", server.url + "/v1/completions", json=long_body) as long:
-            lines = long.iter_lines()  # held: a dropped iterator closes the stream, and the server cancels it
-            assert next(line for line in lines if line.startswith("data:"))  # it runs
-            order = [2, 0, 3, 1]
-            futures = []
-            for n, i in enumerate(order, start=1):
-                futures.append(pool.submit(request, i))
-                wait_until(lambda n=n: health(server)["waiting"] == n, 30, f"request {n} to wait")
-        answers = [f.result(timeout=90) for f in futures]  # the long stream's client has left
-    assert finished == order
+    batch = server.max_batch
+    with ThreadPoolExecutor(len(PROMPTS)) as pool, httpx.Client(timeout=30) as http, contextlib.ExitStack() as longs:
+        held = []  # the line iterators: a dropped iterator closes its stream, and the server cancels it
+        for _ in range(batch):  # long streams that fill the batch
+            long = longs.enter_context(http.stream("POST", server.url + "/v1/completions", json=long_body))
+            held.append(long.iter_lines())
+            assert next(line for line in held[-1] if line.startswith("data:"))  # it runs
+        order = [2, 0, 3, 1]
+        futures = []
+        for n, i in enumerate(order, start=1):
+            futures.append(pool.submit(request, i))
+            wait_until(lambda n=n: health(server)["waiting"] == n, 30, f"request {n} to wait")
+        longs.close()
+        answers = [f.result(timeout=90) for f in futures]  # the long streams' clients have left
+    # they join in arrival order, `batch` at a time; requests of one length that joined together finish together
+    groups = [order[i: i + batch] for i in range(0, len(order), batch)]
+    assert [sorted(finished[i: i + batch]) for i in range(0, len(order), batch)] == [sorted(g) for g in groups]
     assert [a.json()["choices"][0]["text"] for a in answers] == [reference(PROMPTS[i], 3).text for i in order]
     wait_until(lambda: health(server)["running"] == 0, 10, "the worker to be idle")
 

@@ -28,6 +28,7 @@ if "torch" not in _sys.modules:
 from specdec.acceptance import greedy_verification, residual_distribution, speculative_sampling  # noqa: E402
 from specdec.config import GenerationConfig  # noqa: E402
 from specdec.decoding import GenerationOutput, RoundEvent, generate  # noqa: E402
+from specdec.batching import BatchEngine, generate_batch  # noqa: E402
 from specdec.errors import ModelPackageMissing, SpecDecError  # noqa: E402
 from specdec.models import LanguageModel, load  # noqa: E402
 from specdec.sampling import SamplingParams, standardize  # noqa: E402
@@ -36,7 +37,7 @@ from specdec.stats import GenerationStats  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "GenerationConfig", "GenerationOutput", "GenerationStats", "LanguageModel", "ModelPackageMissing",
-    "RoundEvent", "SamplingParams", "SpecDecError", "generate", "greedy_verification", "load", "residual_distribution",
+    "BatchEngine", "GenerationConfig", "GenerationOutput", "GenerationStats", "LanguageModel", "ModelPackageMissing",
+    "RoundEvent", "SamplingParams", "SpecDecError", "generate", "generate_batch", "greedy_verification", "load", "residual_distribution",
     "speculative_sampling", "standardize",
 ]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -175,6 +176,31 @@ class Verification:
         n = int(packed[0])
         tokens = [int(t) for t in packed[1: n + 2]]
         return tokens, n, packed[2 + gamma: 2 + gamma + min(n + 1, gamma)]
+
+
+def read_batch(results: Sequence[Verification], drafted: Sequence[torch.Tensor] | None = None
+               ) -> list[tuple[list[int], int, list[float], list[int]]]:
+    """Every row's (emitted tokens, n, verified betas, drafted ids) in one device-to-host copy for a batch
+    (:mod:`specdec.batching`); drafted ids only when ``drafted`` ([g_i] per row) is given, else []."""
+    parts = []
+    for i, r in enumerate(results):
+        parts += [r.n.reshape(1).double(), r.tokens.double(), r.betas.double()]
+        if drafted is not None:
+            parts.append(drafted[i].double())
+    packed = torch.cat(parts).tolist()
+    out, at = [], 0
+    for i, r in enumerate(results):
+        gamma = r.betas.shape[0]
+        n = int(packed[at])
+        tokens = [int(t) for t in packed[at + 1: at + n + 2]]
+        betas = packed[at + 2 + gamma: at + 2 + gamma + min(n + 1, gamma)]
+        at += 1 + (gamma + 1) + gamma
+        ids: list[int] = []
+        if drafted is not None:
+            ids = [int(t) for t in packed[at: at + drafted[i].shape[0]]]
+            at += drafted[i].shape[0]
+        out.append((tokens, n, betas, ids))
+    return out
 
 
 VERIFICATIONS = ("token", "block")

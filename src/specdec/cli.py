@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA
 
-SERVED_POSITIONS = 4096  # the served caches' capacity with CUDA graphs (specdec serve --max-positions)
+SERVED_POSITIONS = 4096  # the served caches' capacity (specdec serve --max-positions)
+SERVED_BATCH_CPU = 8  # specdec serve --max-batch on CPU (README: the load test)
 
 # ANSI colours for --color: tokens accepted from the draft vs tokens produced by the target (paper Figure 1).
 COLOUR_DRAFT = "\033[32m"  # green
@@ -102,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait behind the running one; more get 429 (default 16)")
+    serve.add_argument("--max-batch", type=int, default=None,
+                       help="requests decoded together, as rows of one batch (continuous batching: a request joins "
+                            "between rounds); 1: one at a time, through captured CUDA graphs on a GPU (default: "
+                            f"{SERVED_BATCH_CPU} on CPU, measured; 1 on CUDA)")
     serve.add_argument("--max-positions", type=int, default=SERVED_POSITIONS,
                        help="with CUDA graphs: the positions (prompt + max_tokens) every request's cache holds, fixed "
                             "when the server starts, when every step is captured; a longer request runs eagerly "
@@ -326,6 +331,12 @@ def _serve(args: argparse.Namespace) -> int:
         raise SpecDecError("--max-queue must be >= 0 and --timeout > 0")
     if args.max_positions < 1:
         raise SpecDecError(f"--max-positions must be >= 1, got {args.max_positions}")
+    if args.max_batch is None:
+        from specdec.devices import resolve_device
+
+        args.max_batch = SERVED_BATCH_CPU if resolve_device(args.device).type == "cpu" else 1
+    if args.max_batch < 1:
+        raise SpecDecError(f"--max-batch must be >= 1, got {args.max_batch}")
     from specdec.config import GenerationConfig
 
     # Checked before the models load (in the background once the server is up): the speculation options
@@ -337,7 +348,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"specdec: the playground will be at http://{args.host}:{args.port}/ once the models are loaded",
               file=sys.stderr)
     serve.run(lambda: load_served(args), host=args.host, port=args.port, max_queue=args.max_queue,
-              api_key=args.api_key, log_level=args.log_level, ui=args.ui)
+              api_key=args.api_key, log_level=args.log_level, ui=args.ui, max_batch=args.max_batch)
     return 0
 
 
@@ -355,10 +366,32 @@ def load_served(args: argparse.Namespace) -> Any:
                                     args.gamma_schedule)
 
     target, draft = load_models(args)
-    prepare_served_steps(target, draft, *speculation(None, None), args.max_gamma, args.max_positions)
+    engine = None
+    if (args.max_batch or 1) > 1:
+        engine = batch_engine(target, draft, args.max_batch, args.max_positions, *speculation(None, None),
+                              args.max_gamma)
+    else:
+        prepare_served_steps(target, draft, *speculation(None, None), args.max_gamma, args.max_positions)
     return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
                         speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
-                        timeout=args.timeout)
+                        timeout=args.timeout, engine=engine)
+
+
+def batch_engine(target: Any, draft: Any, max_batch: int, max_positions: int, gamma: int | None,
+                 gamma_schedule: str | None, max_gamma: int | None) -> Any:
+    """The BatchEngine of ``specdec serve --max-batch N``: the served draft model drafts for every row that
+    uses it (a parameter-free served draft is each row's own)."""
+    from specdec.batching import BatchEngine
+    from specdec.config import GenerationConfig
+    from specdec.errors import SpecDecError
+    from specdec.models import LanguageModel, same_vocabulary
+
+    if isinstance(draft, list) or (isinstance(draft, LanguageModel) and not same_vocabulary(target, draft)):
+        raise SpecDecError("--max-batch > 1 drafts with one model that shares the target's tokenizer (or a "
+                           "parameter-free draft); serve hierarchies and drafts with another tokenizer with --max-batch 1")
+    config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
+    model = draft if isinstance(draft, LanguageModel) else None
+    return BatchEngine(target, model, max_batch, max_positions, gamma=config.gamma, max_gamma=config.gamma_bound)
 
 
 def _presets() -> int:

@@ -57,8 +57,11 @@ class StaticKVCache(Cache):
 
     is_compileable = True
 
-    def __init__(self, config: Any, capacity: int, device: torch.device, dtype: torch.dtype, keyword: str):
+    def __init__(self, config: Any, capacity: int, device: torch.device, dtype: torch.dtype, keyword: str,
+                 rows: int = 0):
         super().__init__(layers=[])
+        self.rows = rows  # rows to allocate (a batch of sequences, specdec.batching); 0: as many as the first pass has
+        self.active: slice | None = None  # the rows a pass feeds (None: all of them)
         self.keyword = keyword  # the name the model's forward takes this cache by (kv_cache.cache_keyword)
         self.capacity = capacity
         self.device = device
@@ -76,15 +79,31 @@ class StaticKVCache(Cache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write key_states / value_states [1, H_kv, w, D] at ``positions``; return the whole buffers."""
+        """Write key_states / value_states [B, H_kv, w, D] at ``positions`` ([w] shared by the rows, or [B, w]
+        per row) of the ``active`` rows; return those rows' whole buffers [B, H_kv, C, D]."""
         if self.keys[layer_idx] is None:  # first pass (the prefill, never captured): allocate
             batch, heads, _, k_dim = key_states.shape
-            self.keys[layer_idx] = key_states.new_zeros(batch, heads, self.capacity, k_dim)  # [1, H_kv, C, D]
+            batch = self.rows or batch
+            self.keys[layer_idx] = key_states.new_zeros(batch, heads, self.capacity, k_dim)  # [R, H_kv, C, D]
             self.values[layer_idx] = value_states.new_zeros(batch, heads, self.capacity, value_states.shape[-1])
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys.index_copy_(2, self.positions, key_states)
-        values.index_copy_(2, self.positions, value_states)
+        if self.active is not None:  # a slice of the leading dimension: views, no copy
+            keys, values = keys[self.active], values[self.active]
+        if self.positions.dim() == 1:
+            keys.index_copy_(2, self.positions, key_states)
+            values.index_copy_(2, self.positions, value_states)
+        else:  # ragged rows: row b writes at positions[b]; [B, w] indices put [B, w, H_kv, D] values
+            rows = self.row_index(self.positions.shape[0])
+            keys[rows, :, self.positions] = key_states.transpose(1, 2)
+            values[rows, :, self.positions] = value_states.transpose(1, 2)
         return keys, values
+
+    def row_index(self, batch: int) -> torch.Tensor:
+        """[B, 1] long 0..B-1 (kept: one per batch size)."""
+        cached = getattr(self, "_row_index", None)
+        if cached is None or cached.shape[0] != batch:
+            self._row_index = cached = torch.arange(batch, device=self.device)[:, None]
+        return cached
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         # Only asked by models when no position_ids are passed; specdec always passes them.
@@ -94,22 +113,25 @@ class StaticKVCache(Cache):
         return self.capacity
 
     def attention_masks(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """Additive masks [1, 1, w, C] for queries at ``positions`` [w]: 0 where attention is allowed.
+        """Additive masks [1, 1, w, C] for queries at ``positions`` [w] ([B, 1, w, C] for per-row positions
+        [B, w]): 0 where attention is allowed.
 
         Returns {"full_attention": mask} and, for models with sliding-window layers,
         "sliding_attention" too (the layer type names Hugging Face models index their masks by).
         """
-        q = positions[:, None]  # [w, 1]
-        kv = self._kv_index[None, :]  # [1, C]
-        visible = kv <= q  # [w, C]
+        q = positions[..., None]  # [w, 1] or [B, w, 1]
+        kv = self._kv_index  # [C]
+        visible = kv <= q  # [w, C] or [B, w, C]
         blocked = torch.finfo(dtype).min
-        # zeros + masked_fill: fill kernels only (no copy from the host), so the step stays capturable
-        masks = {"full_attention": torch.zeros(visible.shape, dtype=dtype, device=positions.device)
-                 .masked_fill_(~visible, blocked)[None, None]}
+        head = (lambda m: m[None, None]) if positions.dim() == 1 else (lambda m: m[:, None])
+
+        def additive(allowed: torch.Tensor) -> torch.Tensor:
+            # zeros + masked_fill: fill kernels only (no copy from the host), so the step stays capturable
+            return head(torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, blocked))
+
+        masks = {"full_attention": additive(visible)}
         windows = {w for w in self.windows if w is not None}
         if windows:
             (window,) = windows  # one window size per model (Gemma 3)
-            in_window = visible & (kv > q - window)
-            masks["sliding_attention"] = (torch.zeros(visible.shape, dtype=dtype, device=positions.device)
-                                          .masked_fill_(~in_window, blocked)[None, None])
+            masks["sliding_attention"] = additive(visible & (kv > q - window))
         return masks

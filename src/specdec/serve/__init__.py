@@ -18,7 +18,7 @@ __all__ = ["Served", "run"]
 
 
 def run(load: Callable[[], Served], *, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 16,
-        api_key: str | None = None, log_level: str = "info", ui: bool = True) -> None:
+        api_key: str | None = None, log_level: str = "info", ui: bool = True, max_batch: int = 1) -> None:
     """Serve until interrupted. ``load`` runs once, at start-up; if it fails the server stops and the
     error is raised here."""
     try:
@@ -33,7 +33,7 @@ def run(load: Callable[[], Served], *, host: str = "127.0.0.1", port: int = 8000
         failure.append(err)
         server.should_exit = True
 
-    app = create_app(load, max_queue=max_queue, api_key=api_key, on_load_error=stop, ui=ui)
+    app = create_app(load, max_queue=max_queue, api_key=api_key, on_load_error=stop, ui=ui, max_batch=max_batch)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=5))
     ours = logging.getLogger("specdec.serve")

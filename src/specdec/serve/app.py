@@ -32,7 +32,7 @@ from specdec.decoding import RoundEvent
 from specdec.errors import SpecDecError
 from specdec.serve.protocol import APIError, GenerationRequest, Reply, Served, finish_reason, parse_json, parse_request, sse
 from specdec.serve.stream import TextStream
-from specdec.serve.worker import Job, QueueFull, Worker
+from specdec.serve.worker import BatchWorker, Job, QueueFull, Worker
 
 log = logging.getLogger("specdec.serve")
 
@@ -51,9 +51,10 @@ def _rejected_text(decode: Callable[[list], str], before: list[int], rejected: l
     return whole[len(head):] if whole.startswith(head) else decode(rejected)
 
 
-def _run_generation(served: Served, request: GenerationRequest, job: Job) -> tuple[Any, str, float]:
-    """On the worker thread: generate, emitting ("tokens", chunk extension) per target call when streaming
-    (:func:`round_chunk`); returns (output, the text not streamed yet, seconds spent in the queue)."""
+def _callbacks(served: Served, request: GenerationRequest, job: Job):
+    """(on_tokens, on_round, finish) of a request's generation on the worker thread: on_tokens honours
+    cancellation; on_round (streaming) also emits ("tokens", chunk extension) per target call; finish(out)
+    -> the "done" payload (output, the text not streamed yet, seconds spent in the queue)."""
     decode = served.target.decode
     stream = TextStream(decode, request.config.stop) if request.stream else None
     context = request.prompt_ids[-8:]  # the text's last tokens, for decoding rejected drafts in place
@@ -70,9 +71,32 @@ def _run_generation(served: Served, request: GenerationRequest, job: Job) -> tup
         job.emit("tokens", {"tokens": len(event.tokens), "from_draft": k, "drafted": len(event.drafted),
                             "draft_text": draft_text, "target_text": target_text, "rejected_text": rejected_text})
 
+    def finish(out: Any) -> tuple[Any, str, float]:
+        return out, stream.finish(out.text) if stream is not None else "", job.started - job.arrived
+
+    return (on_tokens if stream is None else None), (on_round if stream is not None else None), finish
+
+
+def _run_generation(served: Served, request: GenerationRequest, job: Job) -> tuple[Any, str, float]:
+    """On the worker thread: generate, emitting ("tokens", chunk extension) per target call when streaming
+    (:func:`round_chunk`); returns (output, the text not streamed yet, seconds spent in the queue)."""
+    on_tokens, on_round, finish = _callbacks(served, request, job)
     out = specdec.generate(served.target, request.prompt_ids, draft=request.draft, config=request.config,
-                           on_tokens=on_tokens if stream is None else None, on_round=on_round if stream else None)
-    return out, stream.finish(out.text) if stream is not None else "", job.started - job.arrived
+                           on_tokens=on_tokens, on_round=on_round)
+    return finish(out)
+
+
+def _start_row(served: Served, request: GenerationRequest, job: Job) -> tuple[Any, Any]:
+    """On the batch worker's thread: the request as a row of the served batch (:class:`specdec.BatchEngine`);
+    (engine, row). The row's draft: the served model, none, or its own parameter-free drafter."""
+    from specdec.batching import MODEL
+
+    on_tokens, on_round, finish = _callbacks(served, request, job)
+    engine = served.engine
+    draft = MODEL if engine.draft_model is not None and request.draft is served.draft else request.draft
+    row = engine.add(request.prompt_ids, request.config, draft=draft, on_tokens=on_tokens, on_round=on_round)
+    row.finish = finish
+    return engine, row
 
 
 def _failure(kind: str, payload: Any, request: GenerationRequest) -> APIError:
@@ -107,9 +131,11 @@ async def _disconnect(request: Request) -> None:
 
 
 def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str | None = None,
-               on_load_error: Callable[[BaseException], None] | None = None, ui: bool = True) -> Starlette:
+               on_load_error: Callable[[BaseException], None] | None = None, ui: bool = True,
+               max_batch: int = 1) -> Starlette:
     """The application; ``load`` runs once on the worker thread at start-up and returns what is served.
-    ``ui``: serve the playground page at ``/`` (its files under ``/ui``)."""
+    ``ui``: serve the playground page at ``/`` (its files under ``/ui``). ``max_batch`` > 1: requests run as
+    rows of one batch (``load`` gives the Served its ``engine``), up to that many at once."""
     state: dict[str, Any] = {"served": None, "error": None, "created": int(time.time())}
     worker: Worker | None = None
 
@@ -128,7 +154,7 @@ def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         nonlocal worker
-        worker = Worker(max_queue)
+        worker = BatchWorker(max_queue, max_batch) if max_batch > 1 else Worker(max_queue)
         worker.call(load_models)
         app.state.worker = worker
         yield
@@ -165,7 +191,8 @@ def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str 
     async def generate(request: Request, chat: bool) -> Response:
         served = ready(request)
         req = parse_request(parse_json(await request.body()), chat=chat, served=served)
-        job = Job(run=lambda job: _run_generation(served, req, job), deadline=time.monotonic() + req.timeout)
+        job = Job(run=lambda job: _run_generation(served, req, job), deadline=time.monotonic() + req.timeout,
+                  start_row=lambda job: _start_row(served, req, job), finish_row=lambda row: row.finish(row.output))
         try:
             worker.submit(job)
         except QueueFull as full:

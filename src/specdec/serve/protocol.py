@@ -65,6 +65,7 @@ class Served:
     speculation: Callable[[str | None, int | None], tuple[int | None, str | None]]
     options: dict[str, Any]  # further GenerationConfig fields from the command line (max_gamma, confidence)
     timeout: float
+    engine: Any = None  # batched serving: the specdec.BatchEngine every request joins as a row
 
     @property
     def names(self) -> set[str]:

@@ -51,6 +51,10 @@ class Job:
 
     run: Callable[["Job"], Any]
     deadline: float  # time.monotonic() after which the job is abandoned
+    # batched serving (BatchWorker): start_row(job) -> (engine, row) adds the job's row to the batch;
+    # finish_row(row) -> the "done" payload once the row finished
+    start_row: Callable[["Job"], tuple[Any, Any]] | None = None
+    finish_row: Callable[[Any], Any] | None = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.monotonic)
@@ -138,3 +142,94 @@ class Worker:
                 self.counts[outcome] += 1
                 if job.started is not None:
                     self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.monotonic() - job.started)
+
+
+class BatchWorker(Worker):
+    """Runs jobs as rows of one batch (:class:`specdec.batching.BatchEngine`), up to the engine's max_batch at
+    once, on one thread: between rounds, waiting jobs join the batch (continuous batching), cancelled or
+    expired rows leave, finished rows deliver their results. At most ``max_queue`` jobs wait for a row."""
+
+    def __init__(self, max_queue: int, max_batch: int):
+        self.max_batch = max_batch
+        self._rows: dict[Any, Job] = {}  # running row -> its job
+        self._engine: Any = None
+        super().__init__(max_queue)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**super().snapshot(), "max_batch": self.max_batch}
+
+    def _loop(self) -> None:
+        while True:
+            item: Any = ()  # nothing taken: run a round
+            if len(self._rows) < self.max_batch:  # a full batch leaves the queue waiting
+                try:
+                    item = self._queue.get_nowait() if self._rows else self._queue.get()
+                except queue.Empty:
+                    pass
+            if item is None:
+                return
+            if isinstance(item, Job):
+                self._admit(item)  # and take the next waiting job, if any, before the round
+            elif item != ():
+                item()
+            elif self._rows:
+                self._round()
+
+    def _admit(self, job: Job) -> None:
+        with self._lock:
+            self.waiting -= 1
+        try:
+            job.check()
+            job.started = time.monotonic()
+            engine, row = job.start_row(job)
+        except Cancelled as err:
+            self._finished(job, "timed_out" if err.reason == "timeout" else "cancelled", ("cancelled", err.reason))
+            return
+        except Exception as err:
+            self._finished(job, "failed", ("error", err))
+            return
+        self._engine = engine
+        self._rows[row] = job
+        with self._lock:
+            self.running = len(self._rows)
+
+    def _round(self) -> None:
+        engine = self._engine
+        for row, job in self._rows.items():  # cancelled (client gone) or past its deadline: leaves now
+            try:
+                job.check()
+            except Cancelled as err:
+                engine.cancel(row, err.reason)
+                row.error = err
+        try:
+            finished = engine.step()
+        except Exception as err:  # a failure of the batch itself: every row reports it
+            log.exception("batched generation failed")
+            finished = list(self._rows)
+            for row in finished:
+                row.error = row.error or err
+                if row in engine.rows:
+                    engine.cancel(row, "failed")
+            engine.step()  # the cancelled rows leave
+        for row in finished:
+            job = self._rows.pop(row, None)
+            if job is None:
+                continue
+            error = row.error
+            if error is None:
+                self._finished(job, "completed", ("done", job.finish_row(row)))
+            elif isinstance(error, Cancelled):
+                self._finished(job, "timed_out" if error.reason == "timeout" else "cancelled", ("cancelled", error.reason))
+            else:
+                if not isinstance(error, SpecDecError):
+                    log.error("generation failed: %s", error)
+                self._finished(job, "failed", ("error", error))
+        with self._lock:
+            self.running = len(self._rows)
+
+    def _finished(self, job: Job, outcome: str, event: tuple[str, Any]) -> None:
+        job.emit(*event)
+        with self._lock:
+            self.counts[outcome] += 1
+            if job.started is not None:
+                self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.monotonic() - job.started)

@@ -1,0 +1,503 @@
+"""Batched speculative decoding: many sequences, one target pass per round, ragged acceptance.
+
+    outs = specdec.generate_batch(target, ["def fib(n):", "def add(a, b):"], draft="qwen2.5-coder-0.5b:int8")
+
+A :class:`BatchEngine` holds up to ``max_batch`` rows (sequences) in one batched cache per model
+(:class:`~specdec.models.batch_session.BatchSession`: each row at its own length, its own mask). A round:
+
+1. each row picks k_i (its gamma schedule; 0 for a plain row, and for every row when the batch's
+   measured costs say drafting does not pay: :class:`BatchGamma`);
+2. the model draft proposes for all drafting rows in one pass per draft step (each row sampled with its
+   own settings and random source); a parameter-free draft (prompt lookup, n-grams) proposes per row;
+3. the target scores every row's pending token and drafts in one pass, and each row is verified on its
+   own (``acceptance.verify``, Algorithm 1); one read-back brings every row's (n, tokens, betas);
+4. each row keeps its n_i accepted drafts and the target's token (ragged acceptance: rows advance by
+   different amounts), rolls its caches back by bookkeeping, streams, and leaves when done; waiting
+   requests join (continuous batching) before the next round.
+
+Each row's output is exactly what :func:`specdec.generate` gives for it alone: at temperature 0 the
+target's greedy tokens, at T > 0 its distribution. Rows never see each other (their own cache row and
+mask); only the bits of float matrix products may depend on the batch (a near-tie could then break
+differently), never with the block-invariant int8 target (``quantize="int8"``).
+
+Not batched (run one sequence at a time with :func:`specdec.generate`): hierarchies, drafts with another
+tokenizer, encoder-decoder targets, beam search.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specdec.acceptance import Verification, read_batch, verify
+from specdec.analysis import expected_tokens
+from specdec.config import GenerationConfig
+from specdec.devices import RoundClock, Stopwatch, new_generator
+from specdec.drafters.base import Draft, DraftContext, DrafterBase
+from specdec.drafters.model import fit_width
+from specdec.drafters.plan import DRAFTER_NAMES, plan_draft
+from specdec.errors import SpecDecError
+from specdec.models import LanguageModel, load
+from specdec.models.batch_session import BatchSession
+from specdec.models.causal import new_token_limit
+from specdec.rounds import Round
+from specdec.sampling import argmax, sample, standardize
+from specdec.schedules import StepFeedback, make_schedule
+from specdec.stats import GenerationStats
+from specdec.text import StopScan
+
+MODEL = "model"  # a row's draft: the engine's draft model
+PAD = 64  # positions every cache row holds past max_positions: the widest padded pass (a batch's widest row)
+CATCH_UP = 32  # a draft row further behind than this is caught up in passes of at most this many tokens
+DEFAULT_POSITIONS = 4096  # max_positions when neither the caller nor the target's context says
+
+
+@dataclass(eq=False)
+class BatchRow:
+    """One sequence of the batch: what :func:`specdec.decoding._append` and ``_finish`` read (the same fields
+    as a single generation), plus its draft and its place in the batch."""
+
+    target: LanguageModel
+    prompt_ids: list[int]
+    config: GenerationConfig
+    draft: Any  # None (plain), MODEL, or a parameter-free Drafter of its own
+    drafter: Any  # what _finish asks for stats(): the row's drafter (None for a plain row)
+    schedule: Any
+    sequence: list[int]
+    ids: torch.Tensor  # [max positions] the sequence on the device
+    start_len: int
+    limit: int
+    generator: torch.Generator
+    eos: set[int]
+    stats: GenerationStats
+    on_tokens: Callable[[list[int], list[bool]], None] | None
+    on_round: Callable[[Any], None] | None
+    t_start: float
+    from_draft: list[bool] = field(default_factory=list)
+    stop_scan: StopScan | None = None
+    stop_text: str | None = None
+    proposed: tuple[int, int] | None = None  # (sequence length, k) of the model draft's last proposal
+    output: Any = None  # the GenerationOutput once done
+    error: BaseException | None = None  # what ended it early (a callback raised: the client left, ...)
+    cancelled: str | None = None
+    finish: Any = None  # the server's: the response payload of a finished row
+
+    @property
+    def done(self) -> bool:
+        return self.output is not None or self.error is not None
+
+
+class _ModelRowDrafter(DrafterBase):
+    """What a row drafted by the engine's model reports (the batched draft session is the engine's)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class BatchGamma:
+    """One gamma for the rows of a batch that use the adaptive schedule, from the batch's measured costs.
+
+    It keeps each row's alpha (an exponential average of its betas, as :class:`~specdec.schedules.AdaptiveSchedule`),
+    and, for the whole batch, the time of a draft step and of a target pass as lines in the number of tokens
+    the pass feeds (rows x width): T(n) = a + b n, fitted by least squares on exponentially weighted means
+    per n. Each round it drafts the gamma that maximizes the batch's expected tokens per second,
+
+        sum_i E_i(gamma) / (gamma D(B) + T(B (gamma + 1))),  E_i(gamma) = (1 - alpha_i^(gamma+1)) / (1 - alpha_i),
+
+    gamma = 0 (plain steps, B tokens per pass) included: with enough rows (a pass over B x (gamma + 1) tokens
+    costing more than the accepted drafts gain) it drafts less, or nothing (with a probe of one drafted
+    token every ``probe_every`` plain rounds to keep alpha and the costs up to date). Until two pass sizes
+    have been timed it drafts ``gamma``, then 1."""
+
+    def __init__(self, gamma: int, max_gamma: int, decay: float = 0.9, alpha0: float = 0.8, probe_every: int = 16):
+        self.gamma, self.max_gamma, self.decay, self.alpha0, self.probe_every = gamma, max_gamma, decay, alpha0, probe_every
+        self.target_time: dict[int, float] = {}  # tokens fed -> averaged seconds
+        self.draft_time: dict[int, float] = {}  # rows -> averaged seconds of one draft step
+        self._plain = 0
+
+    def _ewma(self, table: dict[int, float], key: int, value: float) -> None:
+        table[key] = value if key not in table else self.decay * table[key] + (1 - self.decay) * value
+
+    def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float) -> None:
+        """A round of ``rows`` rows whose target pass fed ``width`` tokens per row; ``drafted``: the most
+        tokens a row drafted (draft steps), in ``time_draft`` seconds."""
+        if time_target > 0:
+            self._ewma(self.target_time, rows * width, time_target)
+        if drafted > 0 and time_draft > 0:
+            self._ewma(self.draft_time, rows, time_draft / drafted)
+
+    @staticmethod
+    def _line(table: dict[int, float]) -> tuple[float, float] | None:
+        if len(table) < 2:
+            return None
+        xs, ts = list(table), list(table.values())
+        x_mean, t_mean = sum(xs) / len(xs), sum(ts) / len(ts)
+        b = max(0.0, sum((x - x_mean) * (t - t_mean) for x, t in zip(xs, ts)) / sum((x - x_mean) ** 2 for x in xs))
+        return t_mean - b * x_mean, b
+
+    def choose(self, alphas: Sequence[float], rows: int | None = None) -> int:
+        """The batch's gamma for the adaptive rows with these alphas, in a batch of ``rows`` rows (default: those;
+        the others' tokens per pass do not depend on this gamma)."""
+        line = self._line(self.target_time)
+        rows = len(alphas) if rows is None else rows
+        if line is None or not self.draft_time:
+            return 1 if self.target_time else self.gamma
+        a, b = line
+        step = self.draft_time.get(rows) or self.draft_time[min(self.draft_time, key=lambda r: abs(r - rows))]
+
+        def rate(g: int) -> float:
+            tokens = sum(expected_tokens(min(max(al, 0.0), 1 - 1e-6), g) for al in alphas) + rows - len(alphas)
+            return tokens / (g * step + a + b * rows * (g + 1))
+
+        best = max(range(self.max_gamma + 1), key=rate)
+        if best == 0:
+            self._plain += 1
+            return 1 if self._plain % self.probe_every == 0 else 0
+        self._plain = 0
+        return best
+
+    def report(self) -> dict:
+        line = self._line(self.target_time)
+        return {"name": "adaptive", "batch": True, "gamma": self.gamma,
+                "pass_seconds": None if line is None else {"a": line[0], "b_per_token": line[1]}}
+
+
+class _RowAlpha:
+    """A row's alpha for :class:`BatchGamma` (and what its stats report as the schedule)."""
+
+    name = "adaptive"
+
+    def __init__(self, engine: "BatchEngine", alpha0: float, decay: float = 0.9):
+        self.engine, self.alpha, self.decay = engine, alpha0, decay
+
+    def update(self, feedback: StepFeedback) -> None:
+        for beta in feedback.betas:
+            self.alpha = self.decay * self.alpha + (1 - self.decay) * beta
+
+    def report(self) -> dict:
+        return {**self.engine.gamma_policy.report(), "alpha": self.alpha}
+
+
+class BatchEngine:
+    """Continuous batching over ``target`` with an optional batched ``draft_model`` (a LanguageModel with the
+    target's tokenizer). ``max_batch`` rows at most; each row holds at most ``max_positions`` positions
+    (default: the target's context, else DEFAULT_POSITIONS). :meth:`add` queues a request; :meth:`step` lets
+    waiting requests join, runs one round over every row, and returns the rows that finished."""
+
+    def __init__(self, target: Any, draft_model: Any = None, max_batch: int = 8, max_positions: int | None = None,
+                 gamma: int = 4, max_gamma: int = 12):
+        target = load(target)
+        if target.is_encoder_decoder:
+            raise SpecDecError("batched generation supports decoder-only targets; run an encoder-decoder target one "
+                               "sequence at a time with specdec.generate")
+        from specdec.decoding import check_target
+
+        check_target(target)
+        if max_batch < 1:
+            raise SpecDecError(f"max_batch must be >= 1, got {max_batch}")
+        self.target = target
+        self.max_batch = max_batch
+        self.max_positions = max_positions or min(target.max_context or DEFAULT_POSITIONS, DEFAULT_POSITIONS)
+        capacity = self.max_positions + PAD
+        self.target_session = BatchSession(target, max_batch, capacity)
+        self.draft_model = draft_model
+        self.draft_session = BatchSession(draft_model, max_batch, capacity) if draft_model is not None else None
+        self.rows: list[BatchRow] = []  # row i lives in slot i of every session
+        self.waiting: collections.deque[BatchRow] = collections.deque()
+        self.clock = RoundClock(target.device)
+        self.gamma_policy = BatchGamma(gamma, max_gamma)
+        self.rounds = 0
+        self.passes: list[tuple[int, int]] = []  # (rows, width) of each target pass, for tests and benchmarks
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    # -- rows joining and leaving -------------------------------------------------------------------
+    def add(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *, draft: Any = MODEL,
+            on_tokens: Callable | None = None, on_round: Callable | None = None) -> BatchRow:
+        """Queue a request (it joins at the next round with a free row). draft: MODEL (the engine's draft model),
+        None (plain steps), or a parameter-free drafter name / object (one of its own)."""
+        config = config or GenerationConfig()
+        if config.num_beams > 1:
+            raise SpecDecError("beam search is not batched; run it with specdec.generate")
+        if config.gamma + 1 > PAD or config.gamma_bound + 1 > PAD:
+            raise SpecDecError(f"gamma up to {PAD - 1} in a batch; got {config.gamma_bound}")
+        target = self.target
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise SpecDecError("the prompt is empty; give some text to continue")
+        limit = new_token_limit(len(prompt_ids), config.max_new_tokens, target.max_context, target.name)
+        if len(prompt_ids) + limit + 1 > self.max_positions:
+            raise SpecDecError(f"the prompt ({len(prompt_ids)} tokens) and max_new_tokens ({limit}) need "
+                               f"{len(prompt_ids) + limit + 1} positions; the batch holds {self.max_positions} per "
+                               "row: shorten them, or raise max_positions (specdec serve --max-positions)")
+        if draft == MODEL and self.draft_model is None:
+            draft = None
+        drafter = None
+        if isinstance(draft, str) and draft != MODEL:
+            plan = plan_draft(draft)
+            if plan.model_names or len(plan.levels) != 1:
+                raise SpecDecError(f"a row of a batch drafts with the engine's draft model or one parameter-free "
+                                   f"drafter ({', '.join(DRAFTER_NAMES)}), got {draft!r}")
+            draft = DRAFTER_NAMES[draft]()
+        if draft == MODEL:
+            drafter = _ModelRowDrafter(self.draft_model.name)
+        elif draft is not None:
+            drafter = draft
+        seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
+        device = target.device
+        from specdec.decoding import _device_ids
+
+        schedule = (_RowAlpha(self, self.gamma_policy.alpha0) if config.gamma_schedule == "adaptive"
+                    else make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound))
+        row = BatchRow(target, prompt_ids, config, draft, drafter, schedule, list(prompt_ids),
+                       _device_ids(prompt_ids, len(prompt_ids) + limit + 1, device), len(prompt_ids), limit,
+                       new_generator(device, seed), target.eos_token_ids, GenerationStats(prompt_tokens=len(prompt_ids),
+                                                                                          seed=seed),
+                       on_tokens, on_round, Stopwatch(device)())
+        if config.stop:
+            row.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
+        self.waiting.append(row)
+        return row
+
+    def cancel(self, row: BatchRow, reason: str) -> None:
+        """Stop ``row`` (waiting or running): it leaves before the next round."""
+        row.cancelled = reason
+
+    def _join(self) -> None:
+        while self.waiting and len(self.rows) < self.max_batch:
+            row = self.waiting.popleft()
+            if row.cancelled:
+                row.error = RuntimeError(row.cancelled)
+                continue
+            slot = len(self.rows)
+            row.t_start = Stopwatch(self.target.device)()
+            self.target_session.prefill(slot, row.sequence[:-1])  # the last token is the first round's pending one
+            if row.draft == MODEL:
+                self.draft_session.prefill(slot, row.sequence[:-1])
+            elif row.draft is not None:
+                config = row.config
+                stop_below = config.confidence if config.gamma_schedule == "confidence" else None
+                row.draft.start(DraftContext(row.prompt_ids, config.sampling, row.generator, self.target.vocab_size,
+                                             frozenset(row.eos), (), stop_below, self.target.device,
+                                             len(row.sequence) + row.limit + 1, row.ids))
+            self.rows.append(row)
+
+    def _leave(self, slot: int) -> None:
+        """Row ``slot`` leaves; the last row moves into its slot."""
+        last = len(self.rows) - 1
+        self.target_session.move(last, slot)
+        if self.draft_session is not None:
+            self.draft_session.move(last, slot)
+        row = self.rows[slot]
+        self.rows[slot] = self.rows[last]
+        self.rows.pop()
+        if row.draft is not None and row.draft != MODEL:
+            row.draft.close()
+
+    # -- one round ----------------------------------------------------------------------------------
+    def _gammas(self) -> list[int]:
+        adaptive = [i for i, row in enumerate(self.rows) if isinstance(row.schedule, _RowAlpha) and row.draft is not None]
+        shared = (self.gamma_policy.choose([self.rows[i].schedule.alpha for i in adaptive], len(self.rows))
+                  if adaptive else 0)
+        ks = []
+        for row in self.rows:
+            if row.draft is None:
+                ks.append(0)
+                continue
+            k = shared if isinstance(row.schedule, _RowAlpha) else row.schedule.next_gamma()
+            generated = len(row.sequence) - row.start_len
+            ks.append(max(0, min(k, row.limit - generated - 1)))  # n accepted + 1 target token must fit
+        return ks
+
+    def _propose_model(self, ks: list[int]) -> list[Draft]:
+        """The draft model's proposals for the rows with k > 0 (and row.draft == MODEL): one pass per step."""
+        session, rows = self.draft_session, self.rows
+        device = self.target.device
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        drafting = [row.draft == MODEL and k > 0 for row, k in zip(rows, ks)]
+        # a row far behind (plain rounds) catches up first, in passes of at most CATCH_UP tokens
+        while True:
+            gaps = [len(row.sequence) - session.lengths[i] if drafting[i] else 0 for i, row in enumerate(rows)]
+            if max(gaps, default=0) <= CATCH_UP:
+                break
+            feeds = [row.ids[session.lengths[i]: session.lengths[i] + min(g - 1, CATCH_UP)] if g > CATCH_UP else empty
+                     for i, (row, g) in enumerate(zip(rows, gaps))]
+            session.extend(feeds, [0] * len(rows))
+        feeds = [row.ids[session.lengths[i]: len(row.sequence)] if drafting[i] else empty for i, row in enumerate(rows)]
+        logits = session.extend(feeds, [1 if d else 0 for d in drafting])  # [1, V] per drafting row
+        tokens: list[list[torch.Tensor]] = [[] for _ in rows]
+        qs: list[list[torch.Tensor]] = [[] for _ in rows]
+        going = list(drafting)
+        for step in range(max(ks, default=0)):
+            for i, row in enumerate(rows):
+                if not going[i]:
+                    continue
+                sampling, lg = row.config.sampling, fit_width(logits[i][-1], self.target.vocab_size)  # [V]
+                stop_below = row.config.confidence if row.config.gamma_schedule == "confidence" else None
+                if sampling.greedy:
+                    if stop_below is not None and torch.softmax(lg.float(), -1).max() < stop_below:
+                        going[i] = False
+                        continue
+                    x = argmax(lg)
+                else:
+                    q = standardize(lg, sampling)  # [V]
+                    if stop_below is not None and q.max() < stop_below:
+                        going[i] = False
+                        continue
+                    x = sample(q, row.generator)
+                    qs[i].append(q)
+                tokens[i].append(x)
+                going[i] = len(tokens[i]) < ks[i]
+            if not any(going):
+                break
+            logits = session.extend([tokens[i][-1].reshape(1) if going[i] else empty for i in range(len(rows))],
+                                    [1 if g else 0 for g in going])
+        drafts = []
+        for i, row in enumerate(rows):
+            if drafting[i]:
+                row.proposed = (len(row.sequence), len(tokens[i]))
+            drafts.append(Draft(torch.stack(tokens[i]), torch.stack(qs[i]) if qs[i] else None) if tokens[i]
+                          else Draft.empty(device))
+        return drafts
+
+    def step(self) -> list[BatchRow]:
+        """Let waiting requests join, run one round over every row; returns the rows that finished in it
+        (their ``output`` set, or their ``error`` when a callback raised or they were cancelled)."""
+        self._join()
+        finished = [row for row in self.rows if row.cancelled]
+        for row in finished:
+            row.error = row.error or RuntimeError(row.cancelled)
+        self._drop(finished)
+        if not self.rows:
+            return finished
+        rows, device = self.rows, self.target.device
+        ks = self._gammas()
+        t0 = self.clock.mark()
+        calls_before = self.draft_session.forward_passes if self.draft_session is not None else 0
+        drafts = self._propose_model(ks) if self.draft_session is not None and any(
+            row.draft == MODEL and k > 0 for row, k in zip(rows, ks)) else [Draft.empty(device) for _ in rows]
+        for i, row in enumerate(rows):
+            if row.draft is not None and row.draft != MODEL and ks[i] > 0:
+                drafts[i] = row.draft.propose(row.sequence, ks[i])
+        t1 = self.clock.mark()
+        feeds = [torch.cat([row.ids[len(row.sequence) - 1: len(row.sequence)], d.tokens]) for row, d in zip(rows, drafts)]
+        logits = self.target_session.extend(feeds, [len(d) + 1 for d in drafts])  # [g_i + 1, V] per row
+        results: list[Verification] = [
+            verify(lg, d.tokens, d.q, row.config.sampling, row.generator, row.config.lenience, row.config.verification)
+            for lg, d, row in zip(logits, drafts, rows)]
+        t2 = self.clock.mark()
+        read = read_batch(results, [d.tokens for d in drafts] if any(r.on_round for r in rows) else None)
+        time_draft, time_verify = self.clock.seconds(t0, t1), self.clock.seconds(t1, t2)
+        width = max(len(f) for f in feeds)
+        self.passes.append((len(rows), width))
+        self.rounds += 1
+        draft_calls = (self.draft_session.forward_passes - calls_before) if self.draft_session is not None else 0
+        self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts), time_draft)
+        done = []
+        from specdec.decoding import RoundEvent, _append
+
+        for i, row in enumerate(rows):
+            new, n, betas, drafted_ids = read[i]
+            self.target_session.rollback(i, len(row.sequence) + n)  # the sequence + accepted drafts
+            if row.draft == MODEL and row.proposed is not None:
+                length, k = row.proposed
+                self.draft_session.rollback(i, length + min(n, max(k - 1, 0)))
+                row.proposed = None
+            elif row.draft is not None and row.draft != MODEL:
+                row.draft.update(n)
+            r = Round(drafts[i], results[i], new, n, betas, draft_calls if row.draft == MODEL else 0, time_draft,
+                      time_verify)
+            row.stats.record_round(r)
+            if row.draft is not None:
+                row.schedule.update(StepFeedback(r.drafted, n, betas, time_draft, time_verify, len(feeds[i])))
+            length = len(row.sequence)
+            row.ids[length: length + n + 1] = results[i].tokens[: n + 1]
+            try:
+                added = _append(row, new, [True] * n + [False])
+                if row.on_round is not None:
+                    row.on_round(RoundEvent(drafted_ids, n, added, row.from_draft[len(row.from_draft) - len(added):]))
+            except Exception as err:  # the row's consumer failed or left (serve: Cancelled): only this row ends
+                row.error = err
+            if row.error is not None or row.stats.stop_reason:
+                done.append(row)
+        for row in done:
+            if row.error is None:
+                from specdec.decoding import _finish
+
+                row.output = _finish(row)
+        self._drop(done)
+        return finished + done
+
+    def _drop(self, rows: list[BatchRow]) -> None:
+        for row in rows:
+            if row in self.rows:
+                self._leave(self.rows.index(row))
+
+    def run(self) -> None:
+        """Step until every request (running or waiting) is done."""
+        while self.busy:
+            self.step()
+
+
+def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft: Any = None,
+                   config: GenerationConfig | None = None, configs: Sequence[GenerationConfig] | None = None,
+                   max_batch: int | None = None, max_positions: int | None = None, **options: Any) -> list[Any]:
+    """Generate a continuation of each prompt, all rows in one batched pass per round; one
+    :class:`~specdec.decoding.GenerationOutput` per prompt, in order, each equal to what
+    :func:`specdec.generate` gives for that prompt alone (see the module docstring).
+
+    draft: None (plain), one model with the target's tokenizer (loaded, a preset name, ``"name:int8"``),
+      or a parameter-free drafter name (each row gets its own).
+    config / options: the settings of every row (a :class:`GenerationConfig` or its fields as keywords);
+      configs: one per prompt instead (each its own sampling settings, seed, stop strings, max_new_tokens).
+    max_batch: rows at once (default: all prompts); further prompts join as rows finish.
+    """
+    if configs is not None and (config is not None or options):
+        raise SpecDecError("pass either configs= (one per prompt) or config= / keyword options, not both")
+    if configs is None:
+        one = config if config is not None else GenerationConfig.from_options(**options)
+        configs = [one] * len(prompts)
+    elif options:
+        raise SpecDecError("pass either config= or keyword options, not both")
+    if len(configs) != len(prompts):
+        raise SpecDecError(f"configs= has {len(configs)} entries for {len(prompts)} prompts; give one per prompt")
+    if not prompts:
+        return []
+    plan = plan_draft(draft)
+    plan.check()
+    target = load(target)
+    plan = plan.load(target)
+    model, row_draft = None, None
+    if not plan.plain:
+        if len(plan.levels) != 1:
+            raise SpecDecError("generate_batch drafts with one model or one parameter-free drafter; hierarchies "
+                               "run one sequence at a time (specdec.generate)")
+        level = plan.levels[0].name
+        if isinstance(level, str) and level in DRAFTER_NAMES:
+            row_draft = level
+        else:
+            from specdec.models import same_vocabulary
+
+            model = load(level)
+            if model.is_encoder_decoder or not same_vocabulary(target, model):
+                raise SpecDecError(f"generate_batch drafts with a model that shares the target's tokenizer; "
+                                   f"{model.name!r} does not (a draft with another tokenizer runs one sequence at a "
+                                   "time: specdec.generate)")
+            row_draft = MODEL
+    gamma = max(c.gamma for c in configs)
+    engine = BatchEngine(target, model, max_batch or len(prompts), max_positions, gamma=gamma,
+                         max_gamma=max(c.gamma_bound for c in configs))
+    from specdec.decoding import _prompt_ids
+
+    rows = [engine.add(_prompt_ids(target, p, c), c, draft=row_draft) for p, c in zip(prompts, configs)]
+    engine.run()
+    for row in rows:
+        if row.error is not None:
+            raise row.error
+    return [row.output for row in rows]

@@ -1,0 +1,108 @@
+"""Several sequences of one model in one position-indexed cache, each at its own length (batched decoding).
+
+The core's :class:`~specdec.models.static_cache.StaticKVCache` with one row per slot: buffers
+[R, H_kv, C, D]. Slot i holds a sequence of ``lengths[i]`` positions. One forward pass feeds every
+slot 0..B-1 its own tokens (a ragged batch, padded to the widest row), each row written at its own
+positions ``lengths[i] ..`` and read through its own mask line, so rows never see each other:
+
+- a row fed fewer tokens than the widest is padded; the padding writes stale entries past the row's
+  length, which its mask hides (they are its future) and its next tokens overwrite, as a rollback's
+  stale entries are (a row fed nothing this pass gets only padding and keeps its length);
+- rollback lowers a row's length (bookkeeping only, as in the core);
+- a row joins by a prefill of its slot alone (a view of the buffers' row, no copy), and leaves by
+  having the last slot's row copied into its place (:meth:`BatchSession.move`), so the live rows are
+  always slots 0..B-1 and a pass over them reads a view.
+
+Beam search keeps its batch (rows of one length) in the same cache class (:mod:`specdec.beam.batch_kv`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from specdec.models.kv_cache import cache_keyword
+from specdec.models.static_cache import StaticKVCache
+
+
+class BatchSession:
+    """Up to ``rows`` sequences of ``model`` (a LanguageModel), ``capacity`` positions each (padding included)."""
+
+    def __init__(self, model: Any, rows: int, capacity: int):
+        self.model = model
+        self.rows = rows
+        self.cache = StaticKVCache(model.hf_model.config, capacity, model.device, model.dtype,
+                                   cache_keyword(model.hf_model), rows=rows)
+        self.lengths = [0] * rows  # positions held per slot
+        self.forward_passes = 0
+        self.last_pass_tokens = 0  # tokens the last pass fed (padding included): what its time depends on
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def _forward(self, active: slice, ids: torch.Tensor, positions: torch.Tensor, n_logits: int) -> torch.Tensor:
+        """ids / positions [B, w] for the rows of ``active``; logits [B, n_logits, V]."""
+        cache = self.cache
+        cache.active, cache.positions = active, positions
+        masks = cache.attention_masks(positions, cache.dtype)  # [B, 1, w, C] each
+        mask = masks if len(masks) > 1 else masks["full_attention"]
+        with torch.inference_mode():
+            out = self.model.hf_model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                                      logits_to_keep=n_logits, **{cache.keyword: cache})
+        self.forward_passes += 1
+        self.last_pass_tokens = int(ids.numel())
+        return out.logits[:, -n_logits:]
+
+    def prefill(self, slot: int, ids: Sequence[int]) -> None:
+        """Start slot ``slot`` over with ``ids`` (host ids, fed from position 0, alone in the pass)."""
+        self.lengths[slot] = 0
+        if len(ids) == 0:
+            return
+        tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)  # [1, P]: one upload
+        positions = torch.arange(len(ids), device=self.model.device)[None]  # [1, P]
+        if len(ids) > self.capacity:
+            raise ValueError(f"the batch cache holds {self.capacity} positions; {len(ids)} asked")
+        self._forward(slice(slot, slot + 1), tokens, positions, 1)
+        self.lengths[slot] = len(ids)
+
+    def extend(self, feeds: Sequence[torch.Tensor], n_logits: Sequence[int]) -> list[torch.Tensor]:
+        """Feed slot i (i < len(feeds)) the ids ``feeds[i]`` ([m_i] long on the device; m_i may be 0) after its
+        cached positions, all slots in one pass; returns per slot the logits [n_logits[i], V] of its last
+        n_logits[i] tokens (row j predicts the token after feeds[i][m_i - n_logits[i] + j])."""
+        batch = len(feeds)
+        sizes = [int(f.shape[0]) for f in feeds]
+        width = max(max(sizes), 1)
+        for i, m in enumerate(sizes):
+            if self.lengths[i] + width > self.capacity:
+                raise ValueError(f"the batch cache holds {self.capacity} positions; row {i} needs "
+                                 f"{self.lengths[i] + width}")
+        device = self.model.device
+        ids = torch.zeros(batch, width, dtype=torch.long, device=device)  # [B, w], padded with id 0
+        for i, f in enumerate(feeds):
+            if sizes[i]:
+                ids[i, : sizes[i]] = f
+        starts = torch.tensor(self.lengths[:batch], dtype=torch.long, device=device)  # [B]: one small upload
+        positions = starts[:, None] + torch.arange(width, device=device)  # [B, w]
+        logits = self._forward(slice(0, batch), ids, positions, width)  # [B, w, V]
+        for i, m in enumerate(sizes):
+            self.lengths[i] += m
+        return [logits[i, m - n: m] for i, (m, n) in enumerate(zip(sizes, n_logits))]
+
+    def rollback(self, slot: int, length: int) -> None:
+        """Keep positions [0, length) of slot ``slot``."""
+        if length < self.lengths[slot]:
+            self.lengths[slot] = length
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s row into slot ``dst`` (a row left: the last one takes its place)."""
+        if src == dst:
+            return
+        length = self.lengths[src]
+        with torch.inference_mode():  # the buffers were made in inference mode (by the first pass)
+            for buffers in (self.cache.keys, self.cache.values):
+                for layer in buffers:
+                    if layer is not None:  # [R, H_kv, C, D]: the positions the row holds
+                        layer[dst, :, :length].copy_(layer[src, :, :length])
+        self.lengths[dst] = self.lengths[src]
