@@ -26,6 +26,9 @@ from specdec.models.kv_cache import cache_keyword
 from specdec.models.static_cache import StaticKVCache
 
 
+VISIBLE_STEP = 64  # the attended length is rounded up to a multiple of this (fewer distinct shapes)
+
+
 class BatchSession:
     """Up to ``rows`` sequences of ``model`` (a LanguageModel), ``capacity`` positions each (padding included)."""
 
@@ -42,10 +45,13 @@ class BatchSession:
     def capacity(self) -> int:
         return self.cache.capacity
 
-    def _forward(self, active: slice, ids: torch.Tensor, positions: torch.Tensor, n_logits: int) -> torch.Tensor:
-        """ids / positions [B, w] for the rows of ``active``; logits [B, n_logits, V]."""
+    def _forward(self, active: slice, ids: torch.Tensor, positions: torch.Tensor, n_logits: int,
+                 end: int) -> torch.Tensor:
+        """ids / positions [B, w] for the rows of ``active``, none past position ``end``; logits [B, n_logits, V].
+        Attention reads positions [0, end rounded up to VISIBLE_STEP) only (what the rows hold)."""
         cache = self.cache
         cache.active, cache.positions = active, positions
+        cache.visible = min(self.capacity, -(-end // VISIBLE_STEP) * VISIBLE_STEP)
         masks = cache.attention_masks(positions, cache.dtype)  # [B, 1, w, C] each
         mask = masks if len(masks) > 1 else masks["full_attention"]
         with torch.inference_mode():
@@ -64,7 +70,7 @@ class BatchSession:
         positions = torch.arange(len(ids), device=self.model.device)[None]  # [1, P]
         if len(ids) > self.capacity:
             raise ValueError(f"the batch cache holds {self.capacity} positions; {len(ids)} asked")
-        self._forward(slice(slot, slot + 1), tokens, positions, 1)
+        self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids))
         self.lengths[slot] = len(ids)
 
     def extend(self, feeds: Sequence[torch.Tensor], n_logits: Sequence[int]) -> list[torch.Tensor]:
@@ -85,7 +91,7 @@ class BatchSession:
                 ids[i, : sizes[i]] = f
         starts = torch.tensor(self.lengths[:batch], dtype=torch.long, device=device)  # [B]: one small upload
         positions = starts[:, None] + torch.arange(width, device=device)  # [B, w]
-        logits = self._forward(slice(0, batch), ids, positions, width)  # [B, w, V]
+        logits = self._forward(slice(0, batch), ids, positions, width, max(self.lengths[:batch]) + width)  # [B, w, V]
         for i, m in enumerate(sizes):
             self.lengths[i] += m
         return [logits[i, m - n: m] for i, (m, n) in enumerate(zip(sizes, n_logits))]

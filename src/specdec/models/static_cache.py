@@ -62,6 +62,10 @@ class StaticKVCache(Cache):
         super().__init__(layers=[])
         self.rows = rows  # rows to allocate (a batch of sequences, specdec.batching); 0: as many as the first pass has
         self.active: slice | None = None  # the rows a pass feeds (None: all of them)
+        # the positions a pass attends over: [0, visible) (None: the whole capacity, the fixed shape a captured
+        # step needs); the batched engine sets it per pass to the longest row's end, so attention costs what
+        # the sequences hold, not the capacity
+        self.visible: int | None = None
         self.keyword = keyword  # the name the model's forward takes this cache by (kv_cache.cache_keyword)
         self.capacity = capacity
         self.device = device
@@ -96,6 +100,8 @@ class StaticKVCache(Cache):
             rows = self.row_index(self.positions.shape[0])
             keys[rows, :, self.positions] = key_states.transpose(1, 2)
             values[rows, :, self.positions] = value_states.transpose(1, 2)
+        if self.visible is not None:
+            return keys[:, :, : self.visible], values[:, :, : self.visible]
         return keys, values
 
     def row_index(self, batch: int) -> torch.Tensor:
@@ -120,7 +126,7 @@ class StaticKVCache(Cache):
         "sliding_attention" too (the layer type names Hugging Face models index their masks by).
         """
         q = positions[..., None]  # [w, 1] or [B, w, 1]
-        kv = self._kv_index  # [C]
+        kv = self._kv_index if self.visible is None else self._kv_index[: self.visible]  # [C] (or [visible])
         visible = kv <= q  # [w, C] or [B, w, C]
         blocked = torch.finfo(dtype).min
         head = (lambda m: m[None, None]) if positions.dim() == 1 else (lambda m: m[:, None])
