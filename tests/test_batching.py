@@ -168,3 +168,17 @@ def test_bad_batch_requests_name_the_problem():
         engine.add(PROMPTS[0], GenerationConfig(max_new_tokens=60))
     with pytest.raises(specdec.SpecDecError, match="max_batch"):
         BatchEngine(target, None, max_batch=0)
+
+
+def test_a_cancelled_row_leaves_and_one_cancelled_while_waiting_never_runs():
+    target = load_tiny(eos=None)
+    engine = BatchEngine(target, perturbed(target, 0.05), max_batch=2)
+    rows = [engine.add(p, GenerationConfig(max_new_tokens=30)) for p in PROMPTS[:3]]
+    engine.step()
+    engine.cancel(rows[0], "disconnected")  # running: it leaves before the next round
+    engine.cancel(rows[2], "timeout")  # waiting for a row: it never joins
+    finished = engine.step()
+    assert rows[0] in finished and rows[2] in finished and str(rows[2].error) == "timeout"
+    assert rows[0].output is None and rows[2].output is None and len(engine.rows) == 1
+    engine.run()
+    assert rows[1].output.token_ids == specdec.generate(target, PROMPTS[1], max_new_tokens=30).token_ids

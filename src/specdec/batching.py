@@ -269,12 +269,14 @@ class BatchEngine:
         """Stop ``row`` (waiting or running): it leaves before the next round."""
         row.cancelled = reason
 
-    def _join(self) -> None:
+    def _join(self) -> list[BatchRow]:
+        """Waiting rows join while there is room; returns those cancelled while they waited (they never run)."""
+        dropped = [row for row in self.waiting if row.cancelled]
+        for row in dropped:
+            self.waiting.remove(row)
+            row.error = row.error or RuntimeError(row.cancelled)
         while self.waiting and len(self.rows) < self.max_batch:
             row = self.waiting.popleft()
-            if row.cancelled:
-                row.error = RuntimeError(row.cancelled)
-                continue
             slot = len(self.rows)
             row.t_start = Stopwatch(self.target.device)()
             self.target_session.prefill(slot, row.sequence[:-1])  # the last token is the first round's pending one
@@ -287,6 +289,7 @@ class BatchEngine:
                                              frozenset(row.eos), (), stop_below, self.target.device,
                                              len(row.sequence) + row.limit + 1, row.ids))
             self.rows.append(row)
+        return dropped
 
     def _leave(self, slot: int) -> None:
         """Row ``slot`` leaves; the last row moves into its slot."""
@@ -369,11 +372,12 @@ class BatchEngine:
     def step(self) -> list[BatchRow]:
         """Let waiting requests join, run one round over every row; returns the rows that finished in it
         (their ``output`` set, or their ``error`` when a callback raised or they were cancelled)."""
-        self._join()
+        dropped = self._join()
         finished = [row for row in self.rows if row.cancelled]
         for row in finished:
             row.error = row.error or RuntimeError(row.cancelled)
         self._drop(finished)
+        finished = dropped + finished
         if not self.rows:
             return finished
         rows, device = self.rows, self.target.device
