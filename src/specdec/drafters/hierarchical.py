@@ -59,9 +59,11 @@ class SpeculativeDrafter(ModelDrafter):
         qs: list[torch.Tensor] = []
         prefix = list(sequence)
         pending = self.unseen(prefix)  # [m] what M_1's cache lacks (device ids, read from the context's copy)
+        if not isinstance(pending, torch.Tensor):  # no device copy of the sequence: host ids, one upload
+            pending = torch.tensor(pending, dtype=torch.long, device=ctx.device)
         while len(tokens) < k:
             kk = k - len(tokens) - 1  # leave room for M_1's own residual/bonus token
-            r = speculative_round(self.session, self.inner, prefix, min(self.inner_gamma, kk), self.session.ids(pending),
+            r = speculative_round(self.session, self.inner, prefix, min(self.inner_gamma, kk), pending,
                                   ctx.sampling, ctx.generator, self.clock, width=ctx.vocab_size)
             self.level.record_round(r)
             if r.result.p is not None:
