@@ -56,18 +56,13 @@ class ModelSession:
         self.last_pass_tokens = 0  # tokens the last forward pass computed (what its time depends on)
         self.tokens: list[int] | None = []  # host copy of the cached ids, kept while only host ids were fed
 
-    def ids(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:
-        """``tokens`` as [k] long ids on the session's device (host ids are copied there: one upload)."""
-        if isinstance(tokens, torch.Tensor):
-            return tokens.to(self.device).reshape(-1)  # already there in the loop (a no-op)
-        return torch.tensor(list(tokens), dtype=torch.long, device=self.device)  # host ids: a plain copy
-
     def _ids(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:
         if isinstance(tokens, torch.Tensor):
             self.tokens = None  # device tokens: no host copy without a sync
-        elif self.tokens is not None:
+            return tokens.to(self.device).reshape(-1)  # already there in the loop (a no-op)
+        if self.tokens is not None:
             self.tokens.extend(int(t) for t in tokens)
-        return self.ids(tokens)
+        return torch.tensor(list(tokens), dtype=torch.long, device=self.device)  # host ids: a plain copy
 
     def prefill(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor | None:
         """Cache ``ids`` (the prompt, or most of it); returns the logits [V] of the last one (None if empty)."""
