@@ -27,6 +27,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,6 +49,8 @@ from specdec.drafters import DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 from specdec.sampling import SamplingParams, standardize
+from specdec.sweeps import Unit, add_arguments as add_sweep_arguments, execute, plain_options, shards
+from specdec.sweeps.units import flatten, options_hash
 
 DEFAULT_DRAFTS = (DEFAULT_DRAFT, "unigram", "bigram", "prompt-lookup", "random")
 N_PROMPTS = 10
@@ -75,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the target's sampling (prompt i uses seed + i)")
     add_threads_argument(parser)
     add_json_argument(parser)
+    add_sweep_arguments(parser, shard_help="prompts per unit of work (default 1); alpha pools over units")
 
 
 def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
@@ -135,68 +139,70 @@ def betas_for_draft(drafter: Any, target: LanguageModel, prompt_ids: Sequence[in
     return betas, covered
 
 
-def measure(target: LanguageModel, drafts: dict[str, Any], prompts: Sequence[tuple[str, Sequence[int]]],
-            temperatures: Sequence[float], leniences: Sequence[float] = (1.0,), max_new_tokens: int = MAX_NEW_TOKENS,
-            seed: int = 0, generate_with: Any = None, progress: bool = False) -> tuple[list[dict], list[dict]]:
-    """alpha of every draft (label -> anything ``specdec.generate(draft=...)`` takes) along the target's own
-    continuations of ``prompts`` ((id, token ids) pairs). Returns (one result per draft and temperature,
-    the generations). ``generate_with``: a draft that speeds up the target's generation (exact)."""
-    leniences = list(leniences) if 1.0 in leniences else [1.0, *leniences]
-    sums: dict[tuple[str, float], dict[float, list[float]]] = {}
+def measure_prompt(target: LanguageModel, drafts: dict[str, Any], index: int, ident: str, ids: Sequence[int],
+                   temperature: float, leniences: Sequence[float], max_new_tokens: int = MAX_NEW_TOKENS, seed: int = 0,
+                   generate_with: Any = None) -> list[dict[str, Any]]:
+    """The records of one prompt (the ``index``-th) at one temperature: the target's continuation (seed +
+    index), then every draft's teacher-forced betas along it (plain values: they travel between processes)."""
+    out = specdec.generate(target, list(ids), draft=generate_with, temperature=temperature,
+                           max_new_tokens=max_new_tokens, seed=seed + index)
+    generated = list(out.token_ids)
+    records: list[dict[str, Any]] = [{"record": "generation", "temperature": temperature, "prompt": ident,
+                                      "index": index, "prompt_tokens": len(ids), "new_tokens": len(generated),
+                                      "token_ids": generated, "text": out.text}]
+    if not generated:
+        return records
+    sampling = SamplingParams(temperature=temperature)
+    session, start = target.start(list(ids))
+    # row j: the logits at the position before generated[j], i.e. the target's prediction of it
+    logits = session.logits_of(list(start) + generated[:-1], len(generated)).float()  # [n, V]
+    p = standardize(logits, sampling)  # [n, V]
+    for label, draft in drafts.items():
+        drafter = make_drafter(draft, target)
+        with torch.inference_mode():
+            betas, cov = betas_for_draft(drafter, target, ids, start, generated, logits, p, sampling, leniences,
+                                         seed + index)
+        records.append({"record": "betas", "draft": label, "temperature": temperature, "prompt": ident,
+                        "index": index, "covered": cov, "betas": {str(l): b for l, b in betas.items()}})
+    return records
+
+
+def aggregate(records: Sequence[dict[str, Any]], drafts: Sequence[str], temperatures: Sequence[float],
+              leniences: Sequence[float]) -> tuple[list[dict], list[dict]]:
+    """(one result per draft and temperature, the generations) from the records of every prompt, in the
+    order of the prompts: the same numbers whichever processes or machines produced the records."""
+    sums: dict[tuple[str, float], dict[str, list[float]]] = {}
     covered: dict[tuple[str, float], int] = {}
     per_prompt: dict[tuple[str, float], list[float]] = {}
-    generations: list[dict[str, Any]] = []
-    bar = tqdm(total=len(temperatures) * len(prompts) * (1 + len(drafts)), desc="alpha", unit="step",
-               file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    for temperature in temperatures:
-        sampling = SamplingParams(temperature=temperature)
-        for i, (ident, ids) in enumerate(prompts):
-            bar.set_postfix_str(f"T={temperature:g} {ident} target generates")
-            out = specdec.generate(target, list(ids), draft=generate_with, temperature=temperature,
-                                   max_new_tokens=max_new_tokens, seed=seed + i)
-            generated = list(out.token_ids)
-            generations.append({"temperature": temperature, "prompt": ident, "prompt_tokens": len(ids),
-                                "new_tokens": len(generated), "token_ids": generated, "text": out.text})
-            bar.update()
-            if not generated:
-                bar.update(len(drafts))
-                continue
-            session, start = target.start(list(ids))
-            # row j: the logits at the position before generated[j], i.e. the target's prediction of it
-            logits = session.logits_of(list(start) + generated[:-1], len(generated)).float()  # [n, V]
-            p = standardize(logits, sampling)  # [n, V]
-            for label, draft in drafts.items():
-                bar.set_postfix_str(f"T={temperature:g} {ident} {label}")
-                drafter = make_drafter(draft, target)
-                with torch.inference_mode():
-                    betas, cov = betas_for_draft(drafter, target, ids, start, generated, logits, p, sampling,
-                                                 leniences, seed + i)
-                key = (label, temperature)
-                acc = sums.setdefault(key, {l: [] for l in leniences})
-                for l in leniences:
-                    acc[l].extend(betas[l])
-                covered[key] = covered.get(key, 0) + cov
-                per_prompt.setdefault(key, []).append(sum(betas[1.0]) / len(betas[1.0]))
-                bar.update()
-    bar.close()
-
+    generations = []
+    for r in sorted(records, key=lambda r: (temperatures.index(r["temperature"]), r["index"])):
+        if r["record"] == "generation":
+            generations.append({k: v for k, v in r.items() if k not in ("record", "index")})
+            continue
+        key = (r["draft"], r["temperature"])
+        acc = sums.setdefault(key, {str(l): [] for l in leniences})
+        for l in leniences:
+            acc[str(l)].extend(r["betas"][str(l)])
+        covered[key] = covered.get(key, 0) + r["covered"]
+        first = r["betas"]["1.0"]
+        per_prompt.setdefault(key, []).append(sum(first) / len(first))
     results = []
     for label in drafts:
         for temperature in temperatures:
             key = (label, temperature)
             acc = sums.get(key)
-            n = len(acc[1.0]) if acc else 0
-            alpha = sum(acc[1.0]) / n if n else None
-            beta_sq = sum(b * b for b in acc[1.0]) / n if n else None
+            n = len(acc["1.0"]) if acc else 0
+            alpha = sum(acc["1.0"]) / n if n else None
+            beta_sq = sum(b * b for b in acc["1.0"]) / n if n else None
             results.append({
                 "draft": label,
                 "kind": _kind(label),
                 "temperature": temperature,
                 "alpha": alpha,
-                "alpha_by_lenience": {str(l): (sum(acc[l]) / n if n else None) for l in leniences},
+                "alpha_by_lenience": {str(l): (sum(acc[str(l)]) / n if n else None) for l in leniences},
                 "positions": n,
                 "coverage": covered.get(key, 0) / n if n else None,
-                "alpha_where_proposed": (sum(acc[1.0]) / covered[key]) if n and covered.get(key) else None,
+                "alpha_where_proposed": (sum(acc["1.0"]) / covered[key]) if n and covered.get(key) else None,
                 # standard error of the mean over positions (positions of one text are not independent)
                 "stderr": math.sqrt(max(0.0, beta_sq - alpha * alpha) / n) if n else None,
                 "per_prompt": per_prompt.get(key, []),
@@ -204,13 +210,37 @@ def measure(target: LanguageModel, drafts: dict[str, Any], prompts: Sequence[tup
     return results, generations
 
 
-def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: ModelPool | None = None,
-        progress: bool = True) -> dict[str, Any]:
-    """Measure alpha for every draft of ``args.drafts``; returns the JSON-able document.
+def measure(target: LanguageModel, drafts: dict[str, Any], prompts: Sequence[tuple[str, Sequence[int]]],
+            temperatures: Sequence[float], leniences: Sequence[float] = (1.0,), max_new_tokens: int = MAX_NEW_TOKENS,
+            seed: int = 0, generate_with: Any = None, progress: bool = False) -> tuple[list[dict], list[dict]]:
+    """alpha of every draft (label -> anything ``specdec.generate(draft=...)`` takes) along the target's own
+    continuations of ``prompts`` ((id, token ids) pairs). Returns (one result per draft and temperature,
+    the generations). ``generate_with``: a draft that speeds up the target's generation (exact)."""
+    leniences = [float(l) for l in leniences]
+    leniences = leniences if 1.0 in leniences else [1.0, *leniences]
+    records = []
+    for temperature in tqdm(temperatures, desc="alpha", file=sys.stderr, disable=not progress):
+        for i, (ident, ids) in enumerate(prompts):
+            records += measure_prompt(target, drafts, i, ident, ids, temperature, leniences, max_new_tokens, seed,
+                                      generate_with)
+    return aggregate(records, list(drafts), list(temperatures), leniences)
 
-    target / pool: models already loaded (tests inject tiny ones); by default loaded from the names.
-    """
-    temperatures, leniences = _validate(args)
+
+@dataclass
+class _Loaded:
+    """What every unit of one alpha sweep shares: the task, the models and the drafts, loaded once."""
+
+    task: Any
+    target: LanguageModel
+    drafts: dict[str, Any]
+    gen_spec: str | None
+    gen_draft: Any
+    prompts: list[tuple[str, list[int]]]
+    corpus_source: str
+    corpus_tokens: int
+
+
+def _load(args: argparse.Namespace, target: LanguageModel | None = None, pool: ModelPool | None = None) -> _Loaded:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     task = load_task(args.task, args.n_prompts)
@@ -226,26 +256,79 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: 
         gen_spec = None if args.generate_with == "none" else args.generate_with
     gen_draft = None if gen_spec is None else (drafts[gen_spec] if gen_spec in drafts else build_draft(gen_spec, pool))
     prompts = [(item.id, encode_item(target, item)) for item in task.items]
+    return _Loaded(task, target, drafts, gen_spec, gen_draft, prompts, corpus_source, len(ids_corpus or ()))
+
+
+_LOADED: dict[str, _Loaded] = {}  # per process: a Ray worker loads a sweep's models once for all its units
+
+
+def _run(loaded: _Loaded, args: argparse.Namespace, unit: Unit) -> list[dict[str, Any]]:
+    _, leniences = _validate(args)
+    records = []
+    for i in unit.prompts:
+        ident, ids = loaded.prompts[i]
+        records += measure_prompt(loaded.target, loaded.drafts, i, ident, ids, unit.temperature, leniences,
+                                  args.max_new_tokens, args.seed, loaded.gen_draft)
+    return records
+
+
+def run_unit(unit: Unit) -> list[dict[str, Any]]:
+    """One unit (one temperature x a shard of prompts) from its options alone: what a Ray worker runs."""
+    args = argparse.Namespace(**unit.options)
+    key = options_hash(unit.options)
+    if key not in _LOADED:
+        _LOADED.clear()  # one sweep's models at a time
+        _LOADED[key] = _load(args)
+    return _run(_LOADED[key], args, unit)
+
+
+def plan(args: argparse.Namespace, n_prompts: int) -> list[Unit]:
+    """The units of an alpha sweep: every temperature x every shard of ``--shard-size`` prompts."""
+    temperatures, _ = _validate(args)
+    options = plain_options(args)
+    return [Unit("alpha", "prompts", options, t, shard) for t in temperatures
+            for shard in shards(n_prompts, 1 if args.shard_size is None else args.shard_size)]
+
+
+def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: ModelPool | None = None,
+        progress: bool = True) -> dict[str, Any]:
+    """Measure alpha for every draft of ``args.drafts``; returns the JSON-able document.
+
+    target / pool: models already loaded (tests inject tiny ones); by default loaded from the names.
+    With ``args.ray`` the units run as Ray tasks, each loading the models from the names.
+    """
+    temperatures, leniences = _validate(args)
+    ray = getattr(args, "ray", None)
+    if ray is not None and (target is not None or pool is not None):
+        raise SpecDecError("--ray loads the models by name in every worker: give names, not loaded models")
+    if ray is not None and args.threads is None:
+        args.threads = 1
+    loaded = _load(args, target, pool)
+    units = plan(args, len(loaded.prompts))
     t_start = time.perf_counter()
-    results, generations = measure(target, drafts, prompts, temperatures, leniences, args.max_new_tokens, args.seed,
-                                   gen_draft, progress)
+    parts = execute(units, lambda unit: _run(loaded, args, unit), ray=ray, num_cpus=args.threads or 1,
+                    records=getattr(args, "records", None), progress=progress)
+    results, generations = aggregate(flatten(parts), list(loaded.drafts), temperatures, leniences)
+    target = loaded.target
     return {
         "command": "specdec alpha",
         "config": {
             "target": target.name,
-            "task": task.name,
-            "task_source": task.source,
-            "chat_template": any(i.chat for i in task.items) and has_chat_template(target),
-            "n_prompts": len(prompts),
+            "task": loaded.task.name,
+            "task_source": loaded.task.source,
+            "chat_template": any(i.chat for i in loaded.task.items) and has_chat_template(target),
+            "n_prompts": len(loaded.prompts),
             "max_new_tokens": args.max_new_tokens,
             "temperatures": temperatures,
             "leniences": leniences,
-            "drafts": list(drafts),
-            "ngram_corpus": corpus_source,
-            "ngram_corpus_tokens": len(ids_corpus) if ids_corpus else 0,
-            "generated_with": gen_spec or "plain decoding",
+            "drafts": list(loaded.drafts),
+            "ngram_corpus": loaded.corpus_source,
+            "ngram_corpus_tokens": loaded.corpus_tokens,
+            "generated_with": loaded.gen_spec or "plain decoding",
             "dtype": dtype_name(target.dtype),
             "seed": args.seed,
+            "units": len(units),
+            "ran_on": f"Ray ({ray})" if ray is not None else "this process",
         },
         "machine": machine_info(dtype_name(target.dtype)),
         "seconds": time.perf_counter() - t_start,
@@ -271,10 +354,12 @@ def _sampling(temperature: float) -> str:
 def table(document: dict[str, Any]) -> str:
     """Markdown in the paper's Table 3 form, then Table 5 (alpha vs lenience) when leniences were given."""
     cfg = document["config"]
-    lines = ["| M_p | M_q | task | sampling | alpha | ± s.e. | positions | coverage |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| M_p | M_q | task | sampling | alpha | ± s.e. | n (positions) | prompts | coverage |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in document["results"]:
         lines.append(f"| {cfg['target']} | {r['draft']} | {cfg['task']} | {_sampling(r['temperature'])} | "
-                     f"{fmt(r['alpha'], '.3f')} | {fmt(r['stderr'], '.3f')} | {r['positions']} | {fmt(r['coverage'], '.2f')} |")
+                     f"{fmt(r['alpha'], '.3f')} | {fmt(r['stderr'], '.3f')} | {r['positions']} | {len(r['per_prompt'])} | "
+                     f"{fmt(r['coverage'], '.2f')} |")
     leniences = [l for l in cfg["leniences"]]
     if len(leniences) > 1:
         lines += ["", "alpha vs lenience l (paper Table 5 form; l < 1 is not exact):", "",

@@ -76,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_argument(parser)
     parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.csv and bench.md into DIR, and runs.jsonl as each prompt ends")
     add_threads_argument(parser)
+    from specdec.sweeps import add_arguments as add_sweep_arguments
+
+    add_sweep_arguments(parser, shard_help="prompts per unit of work (default: all, one unit per temperature); "
+                                           "timings compare within a unit")
     parser.add_argument("--seed", type=int, default=0, help="seed of every generation (sampling only)")
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA when available), cpu, cuda or cuda:N: every model and method runs there")

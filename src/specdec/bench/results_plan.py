@@ -43,7 +43,8 @@ QUICK: dict[str, Any] = {
     "beam": {"tasks": ["translation"], "n_prompts": 1, "max_new_tokens": 12, "widths": [3]},
 }
 FULL: dict[str, Any] = {
-    "alpha": {"n_prompts": 3, "max_new_tokens": 40},
+    # 20 prompts x 40 tokens: about 800 positions per cell, a standard error of alpha <= 0.02 (0.5 / sqrt(800) = 0.018)
+    "alpha": {"n_prompts": 20, "max_new_tokens": 40},
     "speed": {
         "humaneval": (3, 48, "2,4,6", ["{d}", "{d}:int8"]),
         "translation": (3, 48, "2,4", ["{d}", "prompt-lookup"]),
@@ -103,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reuse every step whose output is already in DIR/results (from an interrupted or earlier "
                              "run with the same plan); a step whose recorded settings differ is measured again")
     parser.add_argument("--dry-run", action="store_true", help="print the plan's commands and stop")
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="run the alpha and bench steps' units as Ray tasks (see specdec bench --ray); the beam "
+                             "steps run here")
 
 
 def plan(args: argparse.Namespace) -> list[Step]:

@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,10 @@ from specdec.decoding import prepare_steps
 from specdec.devices import describe, resolve_device
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, same_vocabulary
+from specdec.stats import GenerationStats
+from specdec.sweeps import Unit, execute, plain_options, shards
+from specdec.sweeps.on_ray import TIMING_CAVEAT
+from specdec.sweeps.units import flatten, options_hash
 
 WARMUP_TOKENS = 16  # warmup runs are untimed; a few tokens reach every code path
 #: llama.cpp's context: the longest prompt + max_new_tokens + this margin, and at least LLAMA_MIN_CONTEXT.
@@ -54,15 +59,25 @@ def task_from_args(args: argparse.Namespace) -> Task:
     return load_task(args.task, args.n_prompts)
 
 
-def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft: Any = None,
-        pool: ModelPool | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run the benchmark described by ``args`` and return the JSON-able result.
+@dataclass
+class _Loaded:
+    """What every unit of one bench run shares: the task's prompts, the models, the drafts, the cells."""
 
-    target / draft / pool: models already loaded (tests inject tiny ones). ``draft`` (a model, or a
-    drafter name) stands for the primary draft ``args.draft``; ``pool`` maps other draft names to
-    models. By default everything is loaded from the names with ``args.dtype``.
-    """
-    validate(args)
+    task: Task
+    prompt_ids: list[list[int]]
+    target: LanguageModel
+    drafts: dict[str, Any]
+    pool: ModelPool
+    cells: list[Cell]
+    grid: Grid
+    methods: list[str]
+    corpus_source: str
+
+
+def _load(args: argparse.Namespace, target: LanguageModel | None = None, draft: Any = None,
+          pool: ModelPool | None = None, *, prepare: bool = True) -> _Loaded:
+    """Load the task, the models and the drafts; ``prepare``: capture every step width and load llama.cpp
+    (what the timed runs need; a Ray driver only plans and aggregates)."""
     # a target object given by the caller is what llama.cpp would have to match: its own name decides
     methods = select_methods(args.methods, args.target if target is None else str(target.name))
     device = resolve_device(args.device)
@@ -80,8 +95,6 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
         torch.set_num_threads(args.threads)
     task = task_from_args(args)
     check_metric_libraries(task.metrics)
-    if args.out:  # this run's log starts empty, before anything (a model's load or conversion) can fail
-        (Path(args.out).expanduser() / RUNS_LOG).unlink(missing_ok=True)
     check_models(pool, None if target is not None else (args.target, args.quantize),
                  grid.drafts + [a for a in (grid.assisted or []) if a not in grid.drafts] if draft is None else [])
     target = target if target is not None else pool.get(args.target, args.quantize)
@@ -91,22 +104,81 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     drafts = {spec: build_draft(spec, pool, ids_corpus) for spec in grid.drafts} if uses_drafts else {}
     cells = build_cells(methods, grid, args.gamma)
     prompt_ids = [encode_item(target, item) for item in task.items]
-    if prompt_ids:  # every step width the runs use, captured (and compiled) before any run is timed
+    if prepare and prompt_ids:  # every step width the runs use, captured (and compiled) before any run is timed
         prepare_steps(target, list(drafts.values()), sorted(set(grid.gammas) | {args.gamma}),
                       max(map(len, prompt_ids)) + args.max_new_tokens + 1)
-    if "llama-cpp" in methods and pool.llama_cpp is None:
+    if prepare and "llama-cpp" in methods and pool.llama_cpp is None:
         n_ctx = max(map(len, prompt_ids), default=0) + args.max_new_tokens + LLAMA_CONTEXT_MARGIN
         pool.llama_cpp = load_llama_cpp(target_gguf(args.target), max(n_ctx, LLAMA_MIN_CONTEXT),
                                         torch.get_num_threads(), args.seed)
+    return _Loaded(task, prompt_ids, target, drafts, pool, cells, grid, methods, corpus_source)
 
+
+def plan(args: argparse.Namespace, grid: Grid, n_prompts: int) -> list[Unit]:
+    """The units of a bench run: every temperature x every shard of ``--shard-size`` prompts (default: all
+    prompts, one unit per temperature), then the step costs."""
+    options = plain_options(args)
+    units = [Unit("bench", "prompts", options, t, shard) for t in grid.temperatures
+             for shard in shards(n_prompts, args.shard_size)]
+    return units + [Unit("bench", "costs", options)] if n_prompts else units
+
+
+def _run(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progress: bool = False) -> list[dict[str, Any]]:
+    if unit.kind == "costs":
+        return [_costs_record(loaded, args)]
     # Everything alive now (models, tokenizers, modules) moves out of the collector's reach, so the
     # gc.collect() before each timed call is cheap and no collection of it lands inside a timing.
     gc.collect()
     gc.freeze()
     try:
-        return _measure(args, task, prompt_ids, target, drafts, pool, cells, grid, methods, corpus_source, progress)
+        return _measure_shard(loaded, args, unit, progress)
     finally:
         gc.unfreeze()
+
+
+_LOADED: dict[str, _Loaded] = {}  # per process: a Ray worker loads a run's models once for all its units
+
+
+def run_unit(unit: Unit) -> list[dict[str, Any]]:
+    """One unit from its options alone (what a Ray worker runs): the models load once per process."""
+    args = argparse.Namespace(**unit.options)
+    key = options_hash(unit.options)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = _load(args)
+    return _run(_LOADED[key], args, unit)
+
+
+def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft: Any = None,
+        pool: ModelPool | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run the benchmark described by ``args`` and return the JSON-able result.
+
+    target / draft / pool: models already loaded (tests inject tiny ones). ``draft`` (a model, or a
+    drafter name) stands for the primary draft ``args.draft``; ``pool`` maps other draft names to
+    models. By default everything is loaded from the names with ``args.dtype``. With ``args.ray`` the
+    units run as Ray tasks, each worker loading the models from the names.
+    """
+    validate(args)
+    ray = getattr(args, "ray", None)
+    if ray is not None and (target is not None or pool is not None or (draft is not None and not isinstance(draft, str))):
+        raise SpecDecError("--ray loads the models by name in every worker: give names, not loaded models")
+    if ray is not None and args.threads is None:
+        args.threads = 1
+    if args.out:  # this run's log starts empty, before anything (a model's load or conversion) can fail
+        (Path(args.out).expanduser() / RUNS_LOG).unlink(missing_ok=True)
+    loaded = _load(args, target, draft, pool, prepare=ray is None)
+    load_before = load_average()
+    units = plan(args, loaded.grid, len(loaded.prompt_ids))
+    records = getattr(args, "records", None) or (str(Path(args.out).expanduser() / "units") if args.out and ray else None)
+
+    def logged(unit: Unit, got: list[dict[str, Any]]) -> None:  # a Ray run logs each unit as it arrives
+        for record in got:
+            if record.get("record") == "prompt":
+                _log_record(args.out, record["temperature"], _public(record))
+
+    parts = execute(units, lambda unit: _run(loaded, args, unit, progress), ray=ray, num_cpus=args.threads or 1,
+                    records=records, progress=progress and ray is not None, on_unit=logged if ray else None)
+    return _document(args, loaded, flatten(parts), load_before, ray)
 
 
 def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], pool: ModelPool, temperature: float,
@@ -134,40 +206,41 @@ def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], p
     return runners
 
 
-def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], target: LanguageModel,
-             drafts: dict[str, Any], pool: ModelPool, cells: list[Cell], grid: Grid, methods: list[str],
-             corpus_source: str, progress: bool) -> dict[str, Any]:
-    load_before = load_average()
-    n_warm = min(args.warmup, len(prompt_ids))
-    per_temperature = (n_warm + len(prompt_ids) * args.repeats) * len(cells)
-    bar = tqdm(total=per_temperature * len(grid.temperatures), desc="bench", unit="run", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True)
+def _costs_record(loaded: _Loaded, args: argparse.Namespace) -> dict[str, Any]:
+    """The step costs and the weight floor, measured once per run (after its runs, when serial)."""
+    models = {spec: spec_models(spec, loaded.pool) for spec in loaded.grid.drafts} if loaded.drafts else {}
+    costs = measure_costs(loaded.target, models, loaded.prompt_ids[0], sorted(set(loaded.grid.gammas) | {args.gamma}))
+    floor = weight_floor(loaded.target, [m for levels in models.values() for m in levels], costs)
+    return {"record": "costs", "costs": costs, "floor": floor}
+
+
+def _document(args: argparse.Namespace, loaded: _Loaded, records: list[dict[str, Any]], load_before: Any,
+              ray: str | None) -> dict[str, Any]:
+    """The JSON-able result from every unit's records."""
+    task, target, grid, cells = loaded.task, loaded.target, loaded.grid, loaded.cells
     blocks: dict[str, dict[str, Any]] = {}
     for temperature in grid.temperatures:
-        runners = _runners(cells, target, drafts, pool, temperature, args.max_new_tokens, args.gamma, args.seed)
-        warm = _runners(cells, target, drafts, pool, temperature, min(args.max_new_tokens, WARMUP_TOKENS), args.gamma,
-                        args.seed)
-        blocks[short(temperature)] = _measure_temperature(args, task, prompt_ids, target, cells, runners, warm,
-                                                          temperature, bar)
-    bar.close()
-    skipped = skipped_assisted(methods, grid)
-
-    models = {spec: spec_models(spec, pool) for spec in grid.drafts} if drafts else {}
-    costs = measure_costs(target, models, prompt_ids[0], sorted(set(grid.gammas) | {args.gamma})) if prompt_ids else None
+        mine = [r for r in records if r.get("record") == "prompt" and r["temperature"] == temperature]
+        blocks[short(temperature)] = _block(task, temperature, sorted(mine, key=lambda r: (r["index"], r["repeat"])),
+                                            cells)
+    skipped = skipped_assisted(loaded.methods, grid)
+    measured = next((r for r in records if r.get("record") == "costs"), None)
+    costs = measured["costs"] if measured else None
     rows = []
     for temperature in grid.temperatures:
         rows.extend(grid_rows(task, temperature, blocks[short(temperature)], cells, costs))
     first = blocks[short(grid.temperatures[0])]
     primary = grid.drafts[0] if grid.drafts else args.draft
-    primary_obj = drafts.get(primary)
+    primary_obj = loaded.drafts.get(primary)
     dtype = dtype_name(target.dtype)
+    n_prompts = len(loaded.prompt_ids)
     return {
         "benchmark": "specdec bench",
         "config": {
             "target": target.name,
             "draft": primary_obj.name if isinstance(primary_obj, LanguageModel) else primary,
             "gamma": args.gamma,
-            "n_prompts": len(prompt_ids),
+            "n_prompts": n_prompts,
             "prompts": args.prompts_file or task.source,
             "task": task.name,
             "task_source": task.source,
@@ -182,7 +255,7 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
             "gamma_schedules": grid.schedules,
             "leniences": grid.leniences,
             "verifications": grid.verifications,
-            "ngram_corpus": corpus_source if needs_corpus(grid.drafts) else None,
+            "ngram_corpus": loaded.corpus_source if needs_corpus(grid.drafts) else None,
             "dtype": dtype,
             "target_quantize": args.quantize,
             "repeats": args.repeats,
@@ -194,11 +267,14 @@ def _measure(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], 
                             "assistant_confidence_threshold": 0.0,
                             "set_on": "the assistant's generation_config (where transformers reads them)"}
             if any(c.method == "hf-assisted" for c in cells) else None,
+            "units": len(plan(args, grid, n_prompts)),
+            "ran_on": f"Ray ({ray})" if ray is not None else "this process",
+            "timing_note": TIMING_CAVEAT if ray is not None else None,
         },
         "device": describe(target.device),
         "weights": "random (the presets' architectures; timings only)" if getattr(args, "random_weights", False)
         else "real",
-        "floor": weight_floor(target, [m for levels in models.values() for m in levels], costs),
+        "floor": measured["floor"] if measured else None,
         "machine": {**machine_info(dtype), "load_average_before": load_before,
                     "load_average_after": load_average() if load_before is not None else None},
         # The first temperature's results in the single-configuration layout:
@@ -228,45 +304,74 @@ def _log_record(out_dir: str | None, temperature: float, record: dict[str, Any])
         log.write(json.dumps({"temperature": temperature, **record}) + "\n")
 
 
-def _measure_temperature(args: argparse.Namespace, task: Task, prompt_ids: list[list[int]], target: LanguageModel,
-                         cells: list[Cell], runners: dict[str, Any], warm: dict[str, Any], temperature: float,
-                         bar: tqdm) -> dict[str, Any]:
+def _public(record: dict[str, Any]) -> dict[str, Any]:
+    """A prompt's record as runs.jsonl and the document show it: its timings, without tokens and texts."""
+    return {k: v for k, v in record.items() if k not in ("record", "index", "trials")}
+
+
+def _measure_shard(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progress: bool) -> list[dict[str, Any]]:
+    """Warm every configuration up on the shard's first prompts, then time every configuration on every
+    prompt of the shard in turn. One record per prompt and repeat: its timings, and every configuration's
+    tokens, stats and (first repeat) text."""
+    temperature, shard = unit.temperature, unit.prompts
+    cells, target = loaded.cells, loaded.target
+    runners = _runners(cells, target, loaded.drafts, loaded.pool, temperature, args.max_new_tokens, args.gamma,
+                       args.seed)
+    warm = _runners(cells, target, loaded.drafts, loaded.pool, temperature, min(args.max_new_tokens, WARMUP_TOKENS),
+                    args.gamma, args.seed)
     names = [c.label for c in cells]
-    for i in range(min(args.warmup, len(prompt_ids))):
+    n_warm = min(args.warmup, len(shard))
+    bar = tqdm(total=(n_warm + len(shard) * args.repeats) * len(cells), desc=f"bench T={temperature:g}", unit="run",
+               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    for i in shard[:n_warm]:
         for name in names:
-            bar.set_postfix_str(f"T={temperature:g} warmup {name}")
-            warm[name](prompt_ids[i])
+            bar.set_postfix_str(f"warmup {name}")
+            warm[name](loaded.prompt_ids[i])
             bar.update()
-    trials: dict[str, list[Trial]] = {name: [] for name in names}
-    first_trials: dict[str, list[Trial]] = {name: [] for name in names}
-    labels: list[str] = []
     records: list[dict[str, Any]] = []
-    turn = 0
-    for item, ids in zip(task.items, prompt_ids):
+    turn = shard[0] * args.repeats if shard else 0  # the rotation continues across shards
+    for i in shard:
+        item, ids = loaded.task.items[i], loaded.prompt_ids[i]
         for r in range(args.repeats):
             order = names[turn % len(names):] + names[: turn % len(names)]  # rotate the order every run
             turn += 1
-            record: dict[str, Any] = {"prompt": item.id, "repeat": r, "prompt_tokens": len(ids), "order": order,
-                                      "load_average": load_average()}
+            record: dict[str, Any] = {"record": "prompt", "temperature": temperature, "index": i, "prompt": item.id,
+                                      "repeat": r, "prompt_tokens": len(ids), "order": order,
+                                      "load_average": load_average(), "trials": {}}
             for name in order:
-                bar.set_postfix_str(f"T={temperature:g} {item.id} {name}")
+                bar.set_postfix_str(f"{item.id} {name}")
                 trial = runners[name](ids)
-                trials[name].append(trial)
-                if r == 0:
-                    first_trials[name].append(trial)
                 record[name] = {"new_tokens": len(trial.tokens), "seconds": trial.seconds,
                                 "cpu_utilization": trial.cpu_seconds / trial.seconds if trial.seconds > 0 else None,
                                 "tokens_per_second": len(trial.tokens) / trial.seconds if trial.seconds > 0 else None}
                 if trial.stats is not None:
                     record[name].update(target_calls=trial.stats.target_calls, alpha=trial.stats.alpha,
                                         mean_accepted_length=trial.stats.mean_accepted_length)
+                record["trials"][name] = {"tokens": list(trial.tokens), "seconds": trial.seconds,
+                                          "cpu_seconds": trial.cpu_seconds,
+                                          "stats": asdict(trial.stats) if trial.stats is not None else None,
+                                          "text": target.decode(trial.tokens) if r == 0 else None}
                 bar.update()
-            labels.append(f"{item.id}#{r}")
             records.append(record)
-            _log_record(args.out, temperature, record)
+            if getattr(args, "ray", None) is None:  # here: logged at once (a Ray run logs as units arrive)
+                _log_record(args.out, temperature, _public(record))
+    bar.close()
+    return records
 
+
+def _trial(entry: dict[str, Any]) -> Trial:
+    stats = GenerationStats(**entry["stats"]) if entry["stats"] is not None else None
+    return Trial(list(entry["tokens"]), entry["seconds"], stats, entry["cpu_seconds"])
+
+
+def _block(task: Task, temperature: float, records: list[dict[str, Any]], cells: list[Cell]) -> dict[str, Any]:
+    """One temperature's results from its prompt records (in prompt and repeat order)."""
+    names = [c.label for c in cells]
+    trials = {name: [_trial(r["trials"][name]) for r in records] for name in names}
+    first = [r for r in records if r["repeat"] == 0]
+    labels = [f"{r['prompt']}#{r['repeat']}" for r in records]
     summaries = {name: summarize(trials[name]) for name in names}
-    outputs = {name: [target.decode(t.tokens) for t in first_trials[name]] for name in names}
+    outputs = {name: [r["trials"][name]["text"] for r in first] for name in names}
     quality: dict[str, dict[str, float] | None] = {}
     for name in names:
         if task.metrics and task.has_references:
@@ -285,4 +390,5 @@ def _measure_temperature(args: argparse.Namespace, task: Task, prompt_ids: list[
                 if name != "specdec-plain":
                     identical[name] = compare(trials[name], trials["specdec-plain"], labels)
     return {"temperature": temperature, "methods": summaries, "speedups": speedups(summaries), "equality": equality,
-            "identical_to_plain": identical, "quality": quality, "outputs": outputs, "runs": records}
+            "identical_to_plain": identical, "quality": quality, "outputs": outputs,
+            "runs": [_public(r) for r in records]}
