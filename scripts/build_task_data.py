@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the fixed task data files shipped in src/specdec/bench/data/ (run once; the output is committed).
+"""Build the fixed task data files shipped in src/specdec/tasks/data/ (run once; the output is committed).
 
     apt-get download trans-de-en && dpkg -x trans-de-en_*.deb /tmp/ding      # the Ding dictionary
     apt-get install -y manpages manpages-dev man-db                           # Linux man-pages

@@ -21,8 +21,8 @@ import time
 from datetime import datetime, timezone
 
 import specdec
-from specdec.bench.metrics import humaneval_results
-from specdec.bench.tasks import HUMANEVAL_STOPS, load_humaneval
+from specdec.tasks.metrics import humaneval_results
+from specdec.tasks import HUMANEVAL_STOPS, load_humaneval
 
 CONFIGS = {
     # name: (target quantization, its draft option); both drafts are exact (they change the speed, not

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from specdec.bench.tasks import load_humaneval
+from specdec.tasks import load_humaneval
 
 
 def free_port() -> int:

@@ -94,7 +94,7 @@ def main() -> int:
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args()
 
-    from specdec.bench.tasks import load_humaneval
+    from specdec.tasks import load_humaneval
 
     target = specdec.load(args.target, dtype=args.dtype)
     quantize = None if args.draft_quantize == "none" else args.draft_quantize

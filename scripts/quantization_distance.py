@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 import torch
 
 import specdec
-from specdec.bench.tasks import humaneval_path
+from specdec.tasks import humaneval_path
 from specdec.models.quantize import METHODS
 
 

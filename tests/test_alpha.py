@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdec import cli
-from specdec.bench import alpha
-from specdec.bench.drafts import ModelPool
+from specdec import alpha
+from specdec.sweeps.pool import ModelPool
 from specdec.drafters import Draft, DrafterBase
 from tiny import load_tiny, perturbed, tiny_model, tiny_tokenizer
 

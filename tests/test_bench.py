@@ -11,7 +11,7 @@ import specdec.bench as bench
 from specdec.bench.aggregation import first_difference
 from specdec.bench.grid import select_methods
 from specdec.bench.methods import METHODS
-from specdec.bench.report import table
+from specdec.publish.tables import table
 from specdec.errors import SpecDecError
 from tiny import load_tiny, perturbed
 
@@ -243,7 +243,7 @@ def test_llama_cpp_method_errors(monkeypatch):
     ("alpha", ["--drafts", "bigram", "nosuch-model"], "unknown model 'nosuch-model'"),
 ])
 def test_bench_and_alpha_check_models_before_loading(monkeypatch, capsys, command, argv, message):
-    from specdec.bench.drafts import ModelPool
+    from specdec.sweeps.pool import ModelPool
     from specdec.cli import main
 
     def must_not_load(self, name, quantize=None):

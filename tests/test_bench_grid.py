@@ -12,7 +12,8 @@ import pytest
 import specdec.bench as bench
 from specdec import cli
 from specdec.bench import theory
-from specdec.bench.drafts import ModelPool
+from specdec.publish.tables import write_outputs
+from specdec.sweeps.pool import ModelPool
 from specdec.drafters.spec import parse_spec
 from specdec.errors import SpecDecError
 from tiny import load_tiny, perturbed, tiny_model, tiny_tokenizer
@@ -121,7 +122,7 @@ def test_grid_on_tiny_models(models, task_file, tmp_path):
     assert result["costs"]["verify_cost_ratio"].keys() == {"2", "3"}
     assert result["step_costs"]["c_direct"] > 0  # the original layout, for the primary draft
 
-    paths = bench.write_outputs(result, tmp_path / "out")
+    paths = write_outputs(result, tmp_path / "out")
     assert all(p.stat().st_size > 0 for p in paths.values())
     with open(paths["csv"], newline="") as f:
         table = list(csv.DictReader(f))

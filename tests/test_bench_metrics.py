@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.bench.metrics import bleu, check_metric_libraries, chrf, rouge, score
+from specdec.tasks.metrics import bleu, check_metric_libraries, chrf, rouge, score
 from specdec.errors import SpecDecError
 
 REF = ["the cat sat on the mat today", "a quick brown fox jumps over it"]
@@ -52,7 +52,7 @@ HAS_CLOSE_ELEMENTS = """\
 
 
 def test_humaneval_results_run_the_problems_tests():
-    from specdec.bench.metrics import humaneval_results
+    from specdec.tasks.metrics import humaneval_results
 
     # A generous timeout for the programs that finish: a loaded machine must not turn a pass into "timed out".
     results = humaneval_results({

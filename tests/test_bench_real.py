@@ -6,8 +6,8 @@ import argparse
 import pytest
 
 import specdec.bench as bench
-from specdec.bench import alpha
-from specdec.bench.drafts import ModelPool
+from specdec import alpha
+from specdec.sweeps.pool import ModelPool
 
 pytestmark = pytest.mark.slow
 

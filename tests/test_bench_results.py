@@ -8,8 +8,8 @@ import json
 import pytest
 
 from specdec import cli
-from specdec.bench import results
-from specdec.bench.drafts import ModelPool
+from specdec.publish import results
+from specdec.sweeps.pool import ModelPool
 from specdec.models.quantize import quantize_model
 from tiny import load_tiny, perturbed
 
@@ -90,7 +90,7 @@ def test_generate_on_tiny_models(tmp_path, task_file):
         raise AssertionError("a step ran again under --resume")
 
     import specdec.bench as bench_module
-    from specdec.bench import alpha as alpha_module
+    from specdec import alpha as alpha_module
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(alpha_module, "run", must_not_run)

@@ -3,7 +3,7 @@
 import json
 
 from specdec import cli
-from specdec.bench import plot
+from specdec.publish import plots as plot
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -306,7 +306,7 @@ def test_a_draft_with_another_tokenizer_is_only_the_last_level_of_a_hierarchy(ta
 # -- the commands: alpha and bench take such a draft; bench runs transformers' universal assisted generation
 
 def test_alpha_measures_a_draft_with_another_tokenizer(target, tokenizers):
-    from specdec.bench.alpha import measure
+    from specdec.alpha import measure
 
     plain = specdec.generate(target, PROMPT, max_new_tokens=12)
     reference = target.decode(plain.prompt_ids) + " " + plain.text

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from specdec import bench
-from specdec.bench import alpha
+from specdec import alpha
 from specdec.errors import SpecDecError
 from specdec.sweeps import RecordStore, Unit, execute, shards
 from specdec.sweeps.units import flatten

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdec.bench.tasks import (
+from specdec.tasks import (
     SUMMARIZATION_FILE, TRANSLATION_CORPUS_FILE, TRANSLATION_FILE, clean_code, clean_summary, clean_translation,
     encode_item, load_task,
 )

@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("presets", help="list the packaged model presets")
 
-    from specdec.bench import alpha as alpha_module, plot as plot_module, results as results_module
+    from specdec import alpha as alpha_module
+    from specdec.publish import plots as plot_module, results as results_module
 
     alpha = sub.add_parser("alpha", help="measure the acceptance rate alpha of drafts for a target (paper Table 3)")
     alpha_module.add_arguments(alpha)
@@ -418,15 +419,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "presets":
             return _presets()
         if args.command == "alpha":
-            from specdec.bench import alpha
+            from specdec import alpha
 
             return alpha.main(args)
         if args.command == "plot":
-            from specdec.bench import plot
+            from specdec.publish import plots as plot
 
             return plot.main(args)
         if args.command == "results":
-            from specdec.bench import results
+            from specdec.publish import results
 
             return results.main(args)
     except SpecDecError as err:

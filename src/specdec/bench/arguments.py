@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of lenience values; each l < 1 adds a run at --gamma (NOT exact, Appendix A.5)")
     parser.add_argument("--task", default=DEFAULT_TASK,
                         help="humaneval, translation, summarization, jsonl:PATH, wmt:SRC,REF (or wmt:FILE.tsv), "
-                             "cnndm:PATH (see specdec.bench.tasks)")
+                             "cnndm:PATH (see specdec.tasks)")
     parser.add_argument("--n-prompts", type=int, default=N_PROMPTS, help="how many prompts to run")
     parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="new tokens per prompt (at most)")
     parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy")

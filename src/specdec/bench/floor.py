@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from specdec.bench.formatting import MS_PER_S, fmt
+from specdec.bench.timing import StepCosts
 from specdec.devices import Stopwatch
 from specdec.models import LanguageModel
 
@@ -41,14 +42,14 @@ def weight_bytes(model: LanguageModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.hf_model.parameters())
 
 
-def weight_floor(target: LanguageModel, drafts: list[LanguageModel], costs: dict[str, Any] | None) -> dict[str, Any]:
+def weight_floor(target: LanguageModel, drafts: list[LanguageModel], costs: StepCosts | None) -> dict[str, Any]:
     """Floor per model (weight bytes / measured bandwidth) beside its measured one-token step."""
     bandwidth = copy_bandwidth(target.device)
     measured: dict[str, float] = {}
     if costs:
-        measured[target.name] = costs["target_k1_s"]
-        for entry in costs["drafts"].values():
-            measured.update(zip(entry["models"], entry["k1_s"]))
+        measured[target.name] = costs.target_k1_s
+        for entry in costs.drafts.values():
+            measured.update(zip(entry.models, entry.k1_s))
     rows = []
     for model in dict.fromkeys([target, *drafts]):
         if model.quantization:  # packed int8 weights are not parameters: no honest byte count here

@@ -10,7 +10,7 @@ import argparse
 from dataclasses import astuple, dataclass, field
 
 from specdec.bench.arguments import comma_list, number_list
-from specdec.bench.drafts import is_model_spec
+from specdec.sweeps.pool import is_model_spec
 from specdec.drafters import plan_draft
 from specdec.bench.methods import METHODS, default_methods, has_gguf
 from specdec.errors import SpecDecError

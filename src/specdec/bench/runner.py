@@ -22,16 +22,16 @@ from tqdm import tqdm
 
 from specdec.bench.aggregation import compare, grid_rows, speedups, summarize
 from specdec.bench.arguments import validate
-from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, needs_corpus, spec_models
+from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids, needs_corpus, spec_models
 from specdec.drafters import plan_draft
 from specdec.bench.floor import weight_floor
 from specdec.bench.formatting import short
 from specdec.bench.grid import Cell, Grid, build_cells, grid_from_args, select_methods, skipped_assisted
-from specdec.bench.machine import dtype_name, load_average, machine_info
+from specdec.sweeps.machine import dtype_name, load_average, machine_info
 from specdec.bench.methods import Settings, Trial, hf_runner, llama_cpp_runner, load_llama_cpp, specdec_runner, target_gguf
-from specdec.bench.metrics import check_metric_libraries, score
-from specdec.bench.tasks import Task, encode_item, has_chat_template, load_task, ngram_corpus
-from specdec.bench.timing import measure_costs, primary_step_costs
+from specdec.tasks.metrics import check_metric_libraries, score
+from specdec.tasks import Task, encode_item, has_chat_template, load_task, ngram_corpus
+from specdec.bench.timing import StepCosts, measure_costs, primary_step_costs
 from specdec.decoding import prepare_steps
 from specdec.devices import describe, resolve_device
 from specdec.errors import SpecDecError
@@ -211,7 +211,7 @@ def _costs_record(loaded: _Loaded, args: argparse.Namespace) -> dict[str, Any]:
     models = {spec: spec_models(spec, loaded.pool) for spec in loaded.grid.drafts} if loaded.drafts else {}
     costs = measure_costs(loaded.target, models, loaded.prompt_ids[0], sorted(set(loaded.grid.gammas) | {args.gamma}))
     floor = weight_floor(loaded.target, [m for levels in models.values() for m in levels], costs)
-    return {"record": "costs", "costs": costs, "floor": floor}
+    return {"record": "costs", "costs": costs.to_dict(), "floor": floor}
 
 
 def _document(args: argparse.Namespace, loaded: _Loaded, records: list[dict[str, Any]], load_before: Any,
@@ -225,7 +225,7 @@ def _document(args: argparse.Namespace, loaded: _Loaded, records: list[dict[str,
                                             cells)
     skipped = skipped_assisted(loaded.methods, grid)
     measured = next((r for r in records if r.get("record") == "costs"), None)
-    costs = measured["costs"] if measured else None
+    costs = StepCosts.from_dict(measured["costs"]) if measured else None
     rows = []
     for temperature in grid.temperatures:
         rows.extend(grid_rows(task, temperature, blocks[short(temperature)], cells, costs))
@@ -283,7 +283,7 @@ def _document(args: argparse.Namespace, loaded: _Loaded, records: list[dict[str,
         "equality": first["equality"],
         "runs": first["runs"],
         "step_costs": primary_step_costs(costs, primary, args.gamma),
-        "costs": costs,
+        "costs": costs.to_dict() if costs else None,
         "by_temperature": blocks,
         "rows": rows,
         "skipped": skipped,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
+from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any, Callable
 
@@ -69,45 +70,84 @@ def _own_tokens(model: LanguageModel, target: LanguageModel, ids: list[int]) -> 
     return encode_text(model.tokenizer, decode_text(target.tokenizer, ids)) or ids[:1]
 
 
+@dataclass
+class DraftCosts:
+    """One draft's models' one-token steps, in level order (a hierarchy lists each of its models)."""
+
+    models: list[str]
+    k1_s: list[float]  # median seconds of one cached one-token step of each model
+    c_levels: list[float]  # each of them / the target's one-token step
+    c_direct: float | None  # the paper's c, for a draft that is one model
+
+
+@dataclass
+class StepCosts:
+    """Median times of single cached forward passes, measured once per run."""
+
+    repeats: int
+    target_s: dict[int, float]  # k new tokens -> seconds of one target pass over them
+    verify_tokens: dict[int, int]  # gamma -> tokens its verification scores (gamma + 1, at most the prompt)
+    drafts: dict[str, DraftCosts] = field(default_factory=dict)
+
+    @property
+    def target_k1_s(self) -> float:
+        return self.target_s[1]
+
+    def verify_cost_ratio(self, gamma: int) -> float | None:
+        """A verification of ``gamma`` drafted tokens over one plain step (None: not measured)."""
+        k = self.verify_tokens.get(gamma)
+        return None if k is None else self.target_s[k] / self.target_k1_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The layout of the bench document (JSON keys are strings)."""
+        return {"repeats": self.repeats, "target_k1_s": self.target_k1_s,
+                "target_s": {str(k): v for k, v in self.target_s.items()},
+                "verify_tokens": {str(g): k for g, k in self.verify_tokens.items()},
+                "verify_cost_ratio": {str(g): self.verify_cost_ratio(g) for g in self.verify_tokens},
+                "drafts": {spec: asdict(d) for spec, d in self.drafts.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepCosts":
+        return cls(d["repeats"], {int(k): v for k, v in d["target_s"].items()},
+                   {int(g): k for g, k in d["verify_tokens"].items()},
+                   {spec: DraftCosts(**e) for spec, e in d["drafts"].items()})
+
+
 def measure_costs(target: LanguageModel, models: dict[str, list[LanguageModel]], prompt_ids: list[int],
-                  gammas: list[int], repeats: int = COST_REPEATS) -> dict[str, Any]:
-    """Median times of single cached forward passes, measured once per run: the target over 1 and
-    over gamma + 1 new tokens (each gamma), and every draft model over 1. c_direct = draft(1) / target(1)
-    for a draft that is one model (the paper's c); hierarchies list the c of each of their models."""
+                  gammas: list[int], repeats: int = COST_REPEATS) -> StepCosts:
+    """The target over 1 and over gamma + 1 new tokens (each gamma), and every draft model over 1.
+    c_direct = draft(1) / target(1) for a draft that is one model (the paper's c); hierarchies list the
+    c of each of their models."""
     seq = list(prompt_ids)
     t1 = forward_time(target, seq, 1, repeats)
-    out: dict[str, Any] = {"repeats": repeats, "target_k1_s": t1, "target_s": {"1": t1}, "verify_tokens": {},
-                           "verify_cost_ratio": {}, "drafts": {}}
+    costs = StepCosts(repeats, {1: t1}, {})
     for g in gammas:
         k = min(g + 1, len(seq))
-        if str(k) not in out["target_s"]:
-            out["target_s"][str(k)] = forward_time(target, seq, k, repeats)
-        out["verify_tokens"][str(g)] = k
-        out["verify_cost_ratio"][str(g)] = out["target_s"][str(k)] / t1
+        if k not in costs.target_s:
+            costs.target_s[k] = forward_time(target, seq, k, repeats)
+        costs.verify_tokens[g] = k
     seen: dict[int, float] = {}
     for spec, levels in models.items():
-        entry: dict[str, Any] = {"models": [m.name for m in levels]}
         times = []
         for m in levels:
             if id(m) not in seen:  # a draft with another tokenizer reads the prompt's text in its own tokens
                 seen[id(m)] = forward_time(m, _own_tokens(m, target, seq), 1, repeats)
             times.append(seen[id(m)])
-        entry["k1_s"] = times
-        entry["c_levels"] = [t / t1 for t in times]
-        entry["c_direct"] = times[0] / t1 if len(levels) == 1 and len(plan_draft(spec).levels) == 1 else None
-        out["drafts"][spec] = entry
-    return out
+        one_model = len(levels) == 1 and len(plan_draft(spec).levels) == 1
+        costs.drafts[spec] = DraftCosts([m.name for m in levels], times, [t / t1 for t in times],
+                                        times[0] / t1 if one_model else None)
+    return costs
 
 
-def primary_step_costs(costs: dict[str, Any] | None, primary: str, gamma: int) -> dict[str, Any] | None:
+def primary_step_costs(costs: StepCosts | None, primary: str, gamma: int) -> dict[str, Any] | None:
     """The primary configuration's costs in the single-configuration layout (``step_costs`` of the document)."""
     if costs is None:
         return None
-    k = costs["verify_tokens"][str(gamma)]
-    out = {"target_k1_s": costs["target_k1_s"], f"target_k{k}_s": costs["target_s"][str(k)],
-           "verify_cost_ratio": costs["verify_cost_ratio"][str(gamma)], "verify_tokens": k}
-    entry = costs["drafts"].get(primary)
-    if entry and entry.get("c_direct") is not None:
-        out["draft_k1_s"] = entry["k1_s"][0]
-        out["c_direct"] = entry["c_direct"]
+    k = costs.verify_tokens[gamma]
+    out = {"target_k1_s": costs.target_k1_s, f"target_k{k}_s": costs.target_s[k],
+           "verify_cost_ratio": costs.verify_cost_ratio(gamma), "verify_tokens": k}
+    entry = costs.drafts.get(primary)
+    if entry and entry.c_direct is not None:
+        out["draft_k1_s"] = entry.k1_s[0]
+        out["c_direct"] = entry.c_direct
     return out

@@ -28,7 +28,7 @@ from specdec.errors import SpecDecError
 
 #: The command of a unit -> "module:function" that runs one unit of it from its options (in any process).
 UNIT_RUNNERS = {
-    "alpha": "specdec.bench.alpha:run_unit",
+    "alpha": "specdec.alpha:run_unit",
     "bench": "specdec.bench.runner:run_unit",
 }
 

