@@ -222,15 +222,16 @@ def test_llama_cpp_method_errors(monkeypatch):
     import sys
 
     from specdec.bench import methods
+    from specdec.models.llama_cpp import target_gguf
 
     with pytest.raises(SpecDecError, match="neither a preset .* nor a .gguf file; leave llama-cpp out of --methods"):
-        methods.target_gguf("some/hf-folder")
+        target_gguf("some/hf-folder")
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
     with pytest.raises(SpecDecError, match=r"pip install 'specdec\[llama\]'"):
         methods.load_llama_cpp(methods.Path("x.gguf"), 512, 2, 0)
-    monkeypatch.setattr(methods, "llama_cpp_installed", lambda: False)
+    monkeypatch.setattr(methods.llama_cpp, "installed", lambda: False)
     assert "llama-cpp" in METHODS and "llama-cpp" not in methods.default_methods()
-    monkeypatch.setattr(methods, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(methods.llama_cpp, "installed", lambda: True)
     assert methods.default_methods() == METHODS
     assert "llama-cpp" in select_methods(None, "qwen2.5-coder-1.5b")  # a preset: its GGUF is packaged
     assert "llama-cpp" not in select_methods(None, "some/hf-folder")  # the default leaves it out, no error

@@ -169,3 +169,55 @@ def test_theorem_8_c_of_a_draft_with_another_tokenizer():
 
     assert retokenized_c(0.1, 1.0, 0.0) == pytest.approx(0.1)  # one pass per target token, free conversion
     assert retokenized_c(0.1, 1.4, 0.02) == pytest.approx(0.16)
+
+
+def test_batch_axis_runs_each_batch_size_and_predicts_theorem8_per_batch(models, task_file):
+    """--batch-sizes: every prompt through the batch engine at each B, plain and speculative; fp32 greedy rows
+    equal plain's at the same B; Theorem 8 per B from the engine's own timers."""
+    target, draft = models
+    pool = ModelPool("fp32", {"tiny-draft": draft})
+    args = parse("--prompts-file", str(task_file), "--n-prompts", "3", "--max-new-tokens", "8", "--drafts", "tiny-draft",
+                 "m<-bigram", "--gammas", "2,3", "--methods", "specdec-plain,specdec-spec", "--batch-sizes", "1,2",
+                 "--warmup", "0", "--dtype", "fp32")
+    pool.models["m"] = draft
+    result = bench.run(args, target=target, pool=pool, progress=False)
+    batch = result["batch"]["0"]
+    got = {(r["batch"], r["label"]) for r in batch["rows"]}
+    spec = ["specdec-spec[tiny-draft,gamma=2]", "specdec-spec[tiny-draft,gamma=3]"]
+    assert got == {(b, label) for b in (1, 2) for label in ["specdec-plain", *spec]}
+    for r in batch["rows"]:
+        assert r["new_tokens"] == 3 * 8 and r["tokens_per_second"] > 0
+        if r["draft"] is not None:
+            assert r["identical_to_plain"] == "3/3"  # exact: the same tokens as plain rows at the same B
+            assert 0 <= r["alpha"] <= 1 and r["c_batch"] > 0 and r["verify_cost_ratio_batch"] > 0
+            assert r["predicted_speedup"] > 0 and r["speedup_vs_plain"] > 0
+    assert set(batch["stops_paying_at"]) == set(spec)
+    # a hierarchy runs one sequence at a time: named as skipped, with the reason
+    assert any("m<-bigram" in k and "hierarchies" in why for k, why in batch["skipped"].items())
+
+
+def test_batch_theorem8_and_where_speculation_stops_paying():
+    from specdec.bench.batch_axis import batch_rows
+
+    def record(b, draft, tokens, seconds, target_time, draft_time=None, beta=(0, 0)):
+        return {"record": "batch", "temperature": 1.0, "batch": b, "label": draft or "specdec-plain", "draft": draft,
+                "gamma": 2 if draft else None, "tokens": [[0] * tokens], "seconds": seconds, "target_calls": 1,
+                "beta_sum": beta[0], "beta_count": beta[1], "target_time": target_time, "draft_time": draft_time or {}}
+
+    records = [record(1, None, 10, 1.0, {"1": 0.1}),
+               record(1, "d", 12, 1.0, {"3": 0.15}, {"1": 0.01}, beta=(5, 10)),  # 1.2x
+               record(4, None, 40, 1.0, {"4": 0.2}),
+               record(4, "d", 36, 1.0, {"12": 0.3}, {"4": 0.02}, beta=(5, 10))]  # 0.9x
+    out = batch_rows(records)
+    rows = {(r["batch"], r["label"]): r for r in out["rows"]}
+    # B = 4: c_B = 0.02 / 0.2, v_B = 0.3 / 0.2; E(0.5, 2) = 1.75; 1.75 / (2 x 0.1 + 1.5)
+    assert rows[(4, "d")]["c_batch"] == pytest.approx(0.1) and rows[(4, "d")]["verify_cost_ratio_batch"] == pytest.approx(1.5)
+    assert rows[(4, "d")]["predicted_speedup"] == pytest.approx(1.75 / 1.7)
+    assert rows[(1, "d")]["predicted_speedup"] == pytest.approx(1.75 / (2 * 0.1 + 1.5))
+    assert rows[(1, "d")]["speedup_vs_plain"] == pytest.approx(1.2) and rows[(4, "d")]["speedup_vs_plain"] == pytest.approx(0.9)
+    assert out["stops_paying_at"] == {"d": 4}
+    from specdec.publish.tables import batch_markdown
+
+    text = batch_markdown({"batch": {"1": out}})
+    assert "| 4 | d | 36.00 | 0.50 | 0.100 | 1.50 | 1.03 | 0.90 |" in text
+    assert "- d: speculation stops paying at B = 4" in text

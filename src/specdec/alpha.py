@@ -36,9 +36,9 @@ from tqdm import tqdm
 
 import specdec
 from specdec.acceptance import lenient_greedy_mask
-from specdec.bench.arguments import (
+from specdec.sweeps.options import (
     DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
-    add_threads_argument, number_list,
+    add_sweep_arguments, add_threads_argument, number_list,
 )
 from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus
 from specdec.drafters import plan_draft
@@ -49,7 +49,7 @@ from specdec.drafters import DraftContext, make_drafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 from specdec.sampling import SamplingParams, standardize
-from specdec.sweeps import Unit, add_arguments as add_sweep_arguments, execute, plain_options, shards
+from specdec.sweeps import Unit, execute, plain_options, shards
 from specdec.sweeps.units import flatten, options_hash
 
 DEFAULT_DRAFTS = (DEFAULT_DRAFT, "unigram", "bigram", "prompt-lookup", "random")

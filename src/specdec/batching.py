@@ -452,6 +452,36 @@ class BatchEngine:
             self.step()
 
 
+def batch_engine(target: Any, draft: Any, configs: Sequence[GenerationConfig], max_batch: int,
+                 max_positions: int | None = None) -> tuple[BatchEngine, Any]:
+    """A :class:`BatchEngine` for rows with these configs, and what each row drafts with (``draft=`` of
+    :meth:`BatchEngine.add`): the engine's draft model, a parameter-free drafter name, or None (plain)."""
+    plan = plan_draft(draft)
+    plan.check()
+    target = load(target)
+    plan = plan.load(target)
+    model, row_draft = None, None
+    if not plan.plain:
+        if len(plan.levels) != 1:
+            raise SpecDecError("generate_batch drafts with one model or one parameter-free drafter; hierarchies "
+                               "run one sequence at a time (specdec.generate)")
+        level = plan.levels[0].name
+        if isinstance(level, str) and level in DRAFTER_NAMES:
+            row_draft = level
+        else:
+            from specdec.models import same_vocabulary
+
+            model = load(level)
+            if model.is_encoder_decoder or not same_vocabulary(target, model):
+                raise SpecDecError(f"generate_batch drafts with a model that shares the target's tokenizer; "
+                                   f"{model.name!r} does not (a draft with another tokenizer runs one sequence at a "
+                                   "time: specdec.generate)")
+            row_draft = MODEL
+    engine = BatchEngine(target, model, max_batch, max_positions, gamma=max(c.gamma for c in configs),
+                         max_gamma=max(c.gamma_bound for c in configs))
+    return engine, row_draft
+
+
 def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft: Any = None,
                    config: GenerationConfig | None = None, configs: Sequence[GenerationConfig] | None = None,
                    max_batch: int | None = None, max_positions: int | None = None, **options: Any) -> list[Any]:
@@ -476,30 +506,8 @@ def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft
         raise SpecDecError(f"configs= has {len(configs)} entries for {len(prompts)} prompts; give one per prompt")
     if not prompts:
         return []
-    plan = plan_draft(draft)
-    plan.check()
-    target = load(target)
-    plan = plan.load(target)
-    model, row_draft = None, None
-    if not plan.plain:
-        if len(plan.levels) != 1:
-            raise SpecDecError("generate_batch drafts with one model or one parameter-free drafter; hierarchies "
-                               "run one sequence at a time (specdec.generate)")
-        level = plan.levels[0].name
-        if isinstance(level, str) and level in DRAFTER_NAMES:
-            row_draft = level
-        else:
-            from specdec.models import same_vocabulary
-
-            model = load(level)
-            if model.is_encoder_decoder or not same_vocabulary(target, model):
-                raise SpecDecError(f"generate_batch drafts with a model that shares the target's tokenizer; "
-                                   f"{model.name!r} does not (a draft with another tokenizer runs one sequence at a "
-                                   "time: specdec.generate)")
-            row_draft = MODEL
-    gamma = max(c.gamma for c in configs)
-    engine = BatchEngine(target, model, max_batch or len(prompts), max_positions, gamma=gamma,
-                         max_gamma=max(c.gamma_bound for c in configs))
+    engine, row_draft = batch_engine(target, draft, configs, max_batch or len(prompts), max_positions)
+    target = engine.target
     from specdec.decoding import _prompt_ids
 
     rows = [engine.add(_prompt_ids(target, p, c), c, draft=row_draft) for p, c in zip(prompts, configs)]

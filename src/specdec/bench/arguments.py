@@ -1,31 +1,27 @@
-"""The options of ``specdec bench``, and the defaults and options the measuring commands share.
+"""The options of ``specdec bench``.
 
 Defaults are declared once: the models in :mod:`specdec.models.catalog`, gamma and temperature in
-:class:`specdec.config.GenerationConfig`, the rest here (``specdec alpha`` and ``specdec results`` read
-them too).
+:class:`specdec.config.GenerationConfig`, what every measuring command shares in
+:mod:`specdec.sweeps.options`, the rest here.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from specdec.bench.methods import METHODS
 from specdec.config import GenerationConfig
 from specdec.errors import SpecDecError
-from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.schedules import SCHEDULES
+from specdec.sweeps.options import (
+    DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
+    add_sweep_arguments, add_threads_argument, number_list,
+)
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_DTYPE", "DEFAULT_GAMMA", "DEFAULT_TARGET", "DEFAULT_TASK", "MAX_NEW_TOKENS",
-           "add_arguments", "add_dtype_argument", "add_json_argument", "add_threads_argument", "comma_list",
-           "number_list", "validate"]
+__all__ = ["DEFAULT_GAMMA", "add_arguments", "validate"]
 
 DEFAULT_GAMMA = GenerationConfig.gamma
 DEFAULT_TEMPERATURE = GenerationConfig.temperature
-DEFAULT_DTYPE = "bf16"  # fast on CPU
-DEFAULT_TASK = "humaneval"
-#: Tokens generated per prompt: enough for the acceptance statistics, short enough for many prompts.
-MAX_NEW_TOKENS = 64
 N_PROMPTS = 20
 
 
@@ -41,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft tokens per target call (constant); also the start of the varying schedules and "
                              "the gamma of transformers' assisted generation and of lenience runs")
     parser.add_argument("--gammas", default=None, help="comma list of constant gammas to run (default: --gamma)")
+    parser.add_argument("--batch-sizes", default=None, metavar="B,...",
+                        help="comma list of batch sizes: also run every prompt through the batch engine at most B rows "
+                             "at once, plain and with each draft at each constant gamma (Theorem 8 per B)")
     parser.add_argument("--gamma-schedules", default="constant",
                         help=f"comma list out of {', '.join(SCHEDULES)}; 'constant' runs every --gammas value, the "
                              "others start at --gamma (default: constant)")
@@ -76,8 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_argument(parser)
     parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.csv and bench.md into DIR, and runs.jsonl as each prompt ends")
     add_threads_argument(parser)
-    from specdec.sweeps import add_arguments as add_sweep_arguments
-
     add_sweep_arguments(parser, shard_help="prompts per unit of work (default: all, one unit per temperature); "
                                            "timings compare within a unit")
     parser.add_argument("--seed", type=int, default=0, help="seed of every generation (sampling only)")
@@ -92,34 +89,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and model at start-up; faster steps)")
 
 
-def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 (fast on CPU), fp32 or fp16")
-
-
-def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
-
-
-def add_json_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the JSON document to PATH")
-
-
-def comma_list(text: str) -> list[str]:
-    """The non-empty items of a comma-separated list, stripped."""
-    return [x.strip() for x in str(text).split(",") if x.strip()]
-
-
-def number_list(text: str | None, kind: type, option: str, *, unique: bool = True) -> list[Any]:
-    """The numbers of ``option``'s comma-separated list (at least one; repeats dropped unless ``unique`` is False)."""
-    try:
-        values = [kind(x) for x in comma_list(text)]
-    except ValueError:
-        raise SpecDecError(f"{option} takes a comma-separated list of numbers, got {text!r}") from None
-    if not values:
-        raise SpecDecError(f"{option} needs at least one value")
-    return list(dict.fromkeys(values)) if unique else values
-
-
 def validate(args: argparse.Namespace) -> None:
     """The bench options' single-value checks (the lists are checked where the grid is built)."""
     for name in ("gamma", "n_prompts", "max_new_tokens", "repeats"):
@@ -131,3 +100,5 @@ def validate(args: argparse.Namespace) -> None:
         raise SpecDecError(f"--temperature must be >= 0, got {args.temperature}")
     if args.threads is not None and args.threads < 1:
         raise SpecDecError(f"--threads must be >= 1, got {args.threads}")
+    if getattr(args, "batch_sizes", None) and any(b < 1 for b in number_list(args.batch_sizes, int, "--batch-sizes")):
+        raise SpecDecError(f"--batch-sizes must be >= 1, got {args.batch_sizes}")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import astuple, dataclass, field
 
-from specdec.bench.arguments import comma_list, number_list
+from specdec.sweeps.options import comma_list, number_list
 from specdec.sweeps.pool import is_model_spec
 from specdec.drafters import plan_draft
-from specdec.bench.methods import METHODS, default_methods, has_gguf
+from specdec.bench.methods import METHODS, default_methods
+from specdec.models.llama_cpp import has_gguf
 from specdec.errors import SpecDecError
 from specdec.schedules import SCHEDULES
 

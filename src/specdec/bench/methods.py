@@ -27,21 +27,15 @@ import torch
 
 import specdec
 from specdec.bench.timing import timed
-from specdec.models import LanguageModel
+from specdec.models import LanguageModel, llama_cpp
 from specdec.stats import GenerationStats
 
 METHODS = ("specdec-plain", "specdec-spec", "hf-plain", "hf-assisted", "llama-cpp")
 
 
-def llama_cpp_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
 def default_methods() -> tuple[str, ...]:
     """Every method, llama-cpp only when llama-cpp-python is installed."""
-    return tuple(m for m in METHODS if m != "llama-cpp" or llama_cpp_installed())
+    return tuple(m for m in METHODS if m != "llama-cpp" or llama_cpp.installed())
 
 
 @dataclass
@@ -145,34 +139,11 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
     return run
 
 
-def has_gguf(target: str) -> bool:
-    """Whether llama.cpp can run ``target`` (a preset name or a .gguf file)."""
-    from specdec.models.catalog import PRESETS
-
-    return target in PRESETS or (target.endswith(".gguf") and Path(target).expanduser().is_file())
-
-
-def target_gguf(target: LanguageModel | str) -> Path:
-    """The GGUF file llama.cpp runs for ``target``: a preset's packaged file, or the ``.gguf`` path itself."""
-    from specdec.models.catalog import PRESETS
-    from specdec.models.presets import preset_gguf
-
-    name = str(target if isinstance(target, str) else target.name)
-    if not has_gguf(name):
-        raise specdec.SpecDecError(
-            f"llama-cpp needs the target as GGUF: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf "
-            "file; leave llama-cpp out of --methods")
-    return preset_gguf(name) if name in PRESETS else Path(name).expanduser()
-
-
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffers: bool | None = None) -> Any:
-    """A ``llama_cpp.Llama`` for ``gguf``: :func:`specdec.models.llama_cpp.load_llama_cpp`, its error naming
-    this method."""
-    from specdec.models.llama_cpp import INSTALL, installed, load_llama_cpp as load
-
-    if not installed():
-        raise specdec.SpecDecError(f"the llama-cpp method needs llama-cpp-python: {INSTALL}")
-    return load(gguf, n_ctx, threads, seed, extra_buffers)
+    """A ``llama_cpp.Llama`` for ``gguf``, its error naming this method."""
+    if not llama_cpp.installed():
+        raise specdec.SpecDecError(f"the llama-cpp method needs llama-cpp-python: {llama_cpp.INSTALL}")
+    return llama_cpp.load_llama_cpp(gguf, n_ctx, threads, seed, extra_buffers)
 
 
 def llama_cpp_runner(llm: Any, eos_token_ids: set[int], s: Settings) -> Runner:

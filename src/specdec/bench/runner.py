@@ -22,13 +22,15 @@ from tqdm import tqdm
 
 from specdec.bench.aggregation import compare, grid_rows, speedups, summarize
 from specdec.bench.arguments import validate
+from specdec.sweeps.options import number_list
+from specdec.bench.batch_axis import batch_cells, batch_rows, run_batch
 from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids, needs_corpus, spec_models
 from specdec.drafters import plan_draft
-from specdec.bench.floor import weight_floor
 from specdec.bench.formatting import short
 from specdec.bench.grid import Cell, Grid, build_cells, grid_from_args, select_methods, skipped_assisted
-from specdec.sweeps.machine import dtype_name, load_average, machine_info
-from specdec.bench.methods import Settings, Trial, hf_runner, llama_cpp_runner, load_llama_cpp, specdec_runner, target_gguf
+from specdec.sweeps.machine import dtype_name, load_average, machine_info, weight_floor
+from specdec.bench.methods import Settings, Trial, hf_runner, llama_cpp_runner, load_llama_cpp, specdec_runner
+from specdec.models.llama_cpp import target_gguf
 from specdec.tasks.metrics import check_metric_libraries, score
 from specdec.tasks import Task, encode_item, has_chat_template, load_task, ngram_corpus
 from specdec.bench.timing import StepCosts, measure_costs, primary_step_costs
@@ -120,6 +122,8 @@ def plan(args: argparse.Namespace, grid: Grid, n_prompts: int) -> list[Unit]:
     options = plain_options(args)
     units = [Unit("bench", "prompts", options, t, shard) for t in grid.temperatures
              for shard in shards(n_prompts, args.shard_size)]
+    if getattr(args, "batch_sizes", None) and n_prompts:  # the batch axis: every B of one temperature in one unit
+        units += [Unit("bench", "batch", options, t, tuple(range(n_prompts))) for t in grid.temperatures]
     return units + [Unit("bench", "costs", options)] if n_prompts else units
 
 
@@ -131,7 +135,7 @@ def _run(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progress: bool =
     gc.collect()
     gc.freeze()
     try:
-        return _measure_shard(loaded, args, unit, progress)
+        return (_measure_batch if unit.kind == "batch" else _measure_shard)(loaded, args, unit, progress)
     finally:
         gc.unfreeze()
 
@@ -210,7 +214,10 @@ def _costs_record(loaded: _Loaded, args: argparse.Namespace) -> dict[str, Any]:
     """The step costs and the weight floor, measured once per run (after its runs, when serial)."""
     models = {spec: spec_models(spec, loaded.pool) for spec in loaded.grid.drafts} if loaded.drafts else {}
     costs = measure_costs(loaded.target, models, loaded.prompt_ids[0], sorted(set(loaded.grid.gammas) | {args.gamma}))
-    floor = weight_floor(loaded.target, [m for levels in models.values() for m in levels], costs)
+    measured = {loaded.target.name: costs.target_k1_s}
+    for entry in costs.drafts.values():
+        measured.update(zip(entry.models, entry.k1_s))
+    floor = weight_floor(loaded.target, [m for levels in models.values() for m in levels], measured)
     return {"record": "costs", "costs": costs.to_dict(), "floor": floor}
 
 
@@ -285,6 +292,8 @@ def _document(args: argparse.Namespace, loaded: _Loaded, records: list[dict[str,
         "step_costs": primary_step_costs(costs, primary, args.gamma),
         "costs": costs.to_dict() if costs else None,
         "by_temperature": blocks,
+        "batch": {short(t): batch_rows([r for r in records if r.get("record") == "batch" and r["temperature"] == t])
+                  for t in grid.temperatures} if getattr(args, "batch_sizes", None) else None,
         "rows": rows,
         "skipped": skipped,
     }
@@ -356,6 +365,21 @@ def _measure_shard(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progre
             if getattr(args, "ray", None) is None:  # here: logged at once (a Ray run logs as units arrive)
                 _log_record(args.out, temperature, _public(record))
     bar.close()
+    return records
+
+
+def _measure_batch(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progress: bool) -> list[dict[str, Any]]:
+    """Every B of ``--batch-sizes`` x every batch configuration over all the prompts, after a warmup at that B."""
+    prompts = [loaded.prompt_ids[i] for i in unit.prompts]
+    records = []
+    for batch in number_list(args.batch_sizes, int, "--batch-sizes"):
+        for cell in batch_cells(loaded.cells):
+            draft = loaded.drafts.get(cell.draft) if cell.draft else None
+            if args.warmup:
+                run_batch(loaded.target, draft, cell, prompts[:batch], batch, unit.temperature,
+                          min(args.max_new_tokens, WARMUP_TOKENS), args.seed)
+            records.append(run_batch(loaded.target, draft, cell, prompts, batch, unit.temperature,
+                                     args.max_new_tokens, args.seed))
     return records
 
 

@@ -67,6 +67,26 @@ def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_bu
         low_level.llama_model_default_params = defaults
 
 
+def has_gguf(target: str) -> bool:
+    """Whether llama.cpp can run ``target`` (a preset name or a .gguf file)."""
+    from specdec.models.catalog import PRESETS
+
+    return target in PRESETS or (target.endswith(".gguf") and Path(target).expanduser().is_file())
+
+
+def target_gguf(target: Any) -> Path:
+    """The GGUF file llama.cpp runs for ``target``: a preset's packaged file, or the ``.gguf`` path itself."""
+    from specdec.models.catalog import PRESETS
+    from specdec.models.presets import preset_gguf
+
+    name = str(target if isinstance(target, str) else target.name)
+    if not has_gguf(name):
+        raise SpecDecError(
+            f"llama-cpp needs the target as GGUF: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf "
+            "file; leave llama-cpp out of --methods")
+    return preset_gguf(name) if name in PRESETS else Path(name).expanduser()
+
+
 class LlamaCppSession:
     """One sequence in llama.cpp's KV cache (sequence 0 of its context), with specdec's session calls."""
 

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec.bench.arguments import (
-    DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET, add_dtype_argument, add_threads_argument, comma_list,
-)
+from specdec.bench.arguments import DEFAULT_GAMMA
+from specdec.sweeps.options import DEFAULT_DRAFT, DEFAULT_TARGET, add_dtype_argument, add_threads_argument, comma_list
 from specdec.errors import SpecDecError
 
 TASKS = ("humaneval", "translation", "summarization")

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec.bench.floor import floor_markdown
+from specdec.sweeps.machine import GB
 from specdec.bench.formatting import MISSING, MS_PER_S, fmt, short
 
 
@@ -194,6 +194,29 @@ def grid_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def batch_markdown(result: dict[str, Any]) -> str:
+    """The batch axis (``--batch-sizes``): tokens/s per B, speculative over plain at the same B beside
+    Theorem 8 per B, and where speculation stops paying ("" when the run had no batch axis)."""
+    if not result.get("batch"):
+        return ""
+    lines = []
+    for t, block in result["batch"].items():
+        lines += [f"Batch axis, temperature {t}: every prompt through the batch engine, at most B rows at once",
+                  "", "| B | method | tokens/s | alpha | c_B | v_B = T(B(gamma+1))/T(B) | EXP (Theorem 8, B rows) | "
+                  "EMP (vs plain, same B) | tokens == plain |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(block["rows"], key=lambda r: (r["batch"], r["draft"] is not None, r["label"])):
+            lines.append(f"| {r['batch']} | {r['label']} | {fmt(r['tokens_per_second'], '.2f')} | "
+                         f"{fmt(r.get('alpha'), '.2f')} | {fmt(r.get('c_batch'), '.3f')} | "
+                         f"{fmt(r.get('verify_cost_ratio_batch'), '.2f')} | {fmt(r.get('predicted_speedup'), '.2f')} | "
+                         f"{fmt(r.get('speedup_vs_plain'), '.2f')} | {r.get('identical_to_plain') or MISSING} |")
+        lines.append("")
+        for label, b in block["stops_paying_at"].items():
+            lines.append(f"- {label}: " + (f"speculation stops paying at B = {b}" if b is not None
+                                          else "speculation pays at every B measured"))
+        lines += [f"- skipped {k}: {why}" for k, why in block["skipped"].items()] + [""]
+    return "\n".join(lines).rstrip()
+
+
 def write_csv(rows: Sequence[dict[str, Any]], path: Any) -> None:
     """The rows as CSV: the fixed columns, then one column per quality metric (quality_<metric>)."""
     metrics: list[str] = []
@@ -217,7 +240,7 @@ def write_outputs(result: dict[str, Any], out_dir: str | Path, stem: str = "benc
     paths = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv", "md": out / f"{stem}.md"}
     paths["json"].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     write_csv(result["rows"], paths["csv"])
-    paths["md"].write_text(grid_markdown(result) + "\n", encoding="utf-8")
+    paths["md"].write_text(grid_markdown(result) + "\n\n" + batch_markdown(result) + "\n", encoding="utf-8")
     return paths
 
 
@@ -233,7 +256,20 @@ def publish(result: dict[str, Any], json_path: str | None = None, out_dir: str |
     print()
     print(grid_markdown(result))
     print()
+    if result.get("batch"):
+        print(batch_markdown(result))
+        print()
     print(f"device: {result['device']}; weights: {result['weights']}")
     print(floor_markdown(result["floor"]))
     print()
     print(document, flush=True)
+
+
+def floor_markdown(floor: dict[str, Any]) -> str:
+    lines = [f"Weight-bandwidth floor (measured copy bandwidth {floor['bandwidth_bytes_per_s'] / GB:.0f} GB/s)", "",
+             "| model | weights (GB) | floor (ms) | measured 1-token step (ms) | step / floor |", "|---|---|---|---|---|"]
+    for r in floor["models"]:
+        step = fmt(None if r["step_s"] is None else r["step_s"] * MS_PER_S, ".2f")
+        lines.append(f"| {r['model']} | {r['weight_bytes'] / GB:.2f} | {r['floor_s'] * MS_PER_S:.2f} | {step} | "
+                     f"{fmt(r['step_over_floor'], '.2f')} |")
+    return "\n".join(lines)

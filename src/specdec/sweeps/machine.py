@@ -1,4 +1,12 @@
-"""The machine a measurement ran on: processor, versions, threads, and how busy it was."""
+"""The machine a measurement ran on: processor, versions, threads, how busy it was, and its memory
+bandwidth with the floor that puts under a decoding step.
+
+The weight-bandwidth floor: at batch 1 a step of a transformer reads all its weights and does little
+arithmetic per byte, so its time is bounded below by weight bytes / memory bandwidth. The bandwidth is
+measured here, as a device-to-device copy (which reads and writes every byte), not taken from a data
+sheet. Each model's measured single-token step is shown next to its floor: the ratio says how far the
+step is from memory-bound (launch overhead, small kernels, attention).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,9 @@ import platform
 from typing import Any
 
 import torch
+
+from specdec.devices import Stopwatch
+from specdec.models import LanguageModel
 
 
 def cpu_model() -> str:
@@ -47,3 +58,44 @@ def load_average() -> float | None:
     """The 1-minute load average (None where the system has none): well above the thread count means
     other work shared the CPU."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+COPY_BYTES = 256 * 2**20  # one copy of 256 MiB: large enough to reach the device's bandwidth
+COPY_REPEATS = 5
+GB = 1e9  # bytes (tables print weights in GB and bandwidth in GB/s)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second moved by a device-to-device copy (read + write), the best of a few runs."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    clock = Stopwatch(device)
+    dst.copy_(src)  # first touch
+    best = float("inf")
+    for _ in range(COPY_REPEATS):
+        t0 = clock()
+        dst.copy_(src)
+        best = min(best, clock() - t0)
+    return 2 * COPY_BYTES / best
+
+
+def weight_bytes(model: LanguageModel) -> int:
+    """Bytes of the model's parameters as they sit in memory (the bytes a step reads)."""
+    return sum(p.numel() * p.element_size() for p in model.hf_model.parameters())
+
+
+def weight_floor(target: LanguageModel, drafts: list[LanguageModel], measured: dict[str, float]) -> dict[str, Any]:
+    """Floor per model (weight bytes / measured bandwidth) beside its measured one-token step (``measured``:
+    model name -> seconds)."""
+    bandwidth = copy_bandwidth(target.device)
+    rows = []
+    for model in dict.fromkeys([target, *drafts]):
+        if model.quantization:  # packed int8 weights are not parameters: no honest byte count here
+            continue
+        nbytes = weight_bytes(model)
+        floor = nbytes / bandwidth
+        step = measured.get(model.name)
+        rows.append({"model": model.name, "weight_bytes": nbytes, "floor_s": floor, "step_s": step,
+                     "step_over_floor": step / floor if step else None})
+    return {"bandwidth_bytes_per_s": bandwidth, "how": f"device-to-device copy of {COPY_BYTES >> 20} MiB, "
+            f"read + write bytes / best of {COPY_REPEATS}", "models": rows}

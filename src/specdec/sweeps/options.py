@@ -1,0 +1,57 @@
+"""The options and defaults every measuring command shares (``specdec bench``, ``alpha``, ``results``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from specdec.errors import SpecDecError
+from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_DTYPE", "DEFAULT_TARGET", "DEFAULT_TASK", "MAX_NEW_TOKENS", "add_dtype_argument",
+           "add_json_argument", "add_sweep_arguments", "add_threads_argument", "comma_list", "number_list"]
+
+DEFAULT_DTYPE = "bf16"  # fast on CPU
+DEFAULT_TASK = "humaneval"
+#: Tokens generated per prompt: enough for the acceptance statistics, short enough for many prompts.
+MAX_NEW_TOKENS = 64
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 (fast on CPU), fp32 or fp16")
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: leave as is)")
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the JSON document to PATH")
+
+
+def comma_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated list, stripped."""
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+def number_list(text: str | None, kind: type, option: str, *, unique: bool = True) -> list[Any]:
+    """The numbers of ``option``'s comma-separated list (at least one; repeats dropped unless ``unique`` is False)."""
+    try:
+        values = [kind(x) for x in comma_list(text)]
+    except ValueError:
+        raise SpecDecError(f"{option} takes a comma-separated list of numbers, got {text!r}") from None
+    if not values:
+        raise SpecDecError(f"{option} needs at least one value")
+    return list(dict.fromkeys(values)) if unique else values
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser, *, shard_help: str) -> None:
+    """The options every sweep command shares: where its units run, how big they are, where they are kept."""
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="run the units as Ray tasks (pip install 'specdec[ray]'): no ADDRESS starts a cluster on "
+                             "this machine; 'auto' or 'ray://HOST:PORT' joins a running one. Each unit asks for "
+                             "--threads CPUs (default 1 with --ray)")
+    parser.add_argument("--shard-size", type=int, default=None, metavar="N", help=shard_help)
+    parser.add_argument("--records", default=None, metavar="DIR",
+                        help="keep each finished unit's records as DIR/<unit id>.jsonl, written once; a rerun with "
+                             "the same DIR runs only the units not there yet")
