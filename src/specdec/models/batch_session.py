@@ -3,7 +3,9 @@
 The core's :class:`~specdec.models.static_cache.StaticKVCache` with one row per slot: buffers
 [R, H_kv, C, D]. Slot i holds a sequence of ``lengths[i]`` positions. One forward pass feeds every
 slot 0..B-1 its own tokens (a ragged batch, padded to the widest row), each row written at its own
-positions ``lengths[i] ..`` and read through its own mask line, so rows never see each other:
+positions ``lengths[i] ..`` and read through its own mask line, so rows never see each other (a
+block-invariant int8 model reads instead each row's own prefix, as the one-sequence engine does, so a
+row's bits equal what it gets alone from :func:`specdec.generate`):
 
 - a row fed fewer tokens than the widest is padded; the padding writes stale entries past the row's
   length, which its mask hides (they are its future) and its next tokens overwrite, as a rollback's
@@ -18,11 +20,13 @@ Beam search keeps its batch (rows of one length) in the same cache class (:mod:`
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
 
 from specdec.models.kv_cache import cache_keyword
+from specdec.models.row_attention import exact_rows
 from specdec.models.static_cache import StaticKVCache
 
 
@@ -46,15 +50,17 @@ class BatchSession:
         return self.cache.capacity
 
     def _forward(self, active: slice, ids: torch.Tensor, positions: torch.Tensor, n_logits: int,
-                 end: int) -> torch.Tensor:
+                 end: int, spans: list[tuple[int, int]]) -> torch.Tensor:
         """ids / positions [B, w] for the rows of ``active``, none past position ``end``; logits [B, n_logits, V].
-        Attention reads positions [0, end rounded up to VISIBLE_STEP) only (what the rows hold)."""
+        Attention reads positions [0, end rounded up to VISIBLE_STEP) only (what the rows hold). spans: per
+        row (first position, tokens fed); a block-invariant model attends each row as it would alone."""
         cache = self.cache
         cache.active, cache.positions = active, positions
         cache.visible = min(self.capacity, -(-end // VISIBLE_STEP) * VISIBLE_STEP)
         masks = cache.attention_masks(positions, cache.dtype)  # [B, 1, w, C] each
         mask = masks if len(masks) > 1 else masks["full_attention"]
-        with torch.inference_mode():
+        exact = exact_rows(spans) if getattr(self.model, "block_invariant", False) else contextlib.nullcontext()
+        with torch.inference_mode(), exact:
             out = self.model.hf_model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                                       logits_to_keep=n_logits, **{cache.keyword: cache})
         self.forward_passes += 1
@@ -70,7 +76,7 @@ class BatchSession:
         positions = torch.arange(len(ids), device=self.model.device)[None]  # [1, P]
         if len(ids) > self.capacity:
             raise ValueError(f"the batch cache holds {self.capacity} positions; {len(ids)} asked")
-        self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids))
+        self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids), [(0, len(ids))])
         self.lengths[slot] = len(ids)
 
     def extend(self, feeds: Sequence[torch.Tensor], n_logits: Sequence[int]) -> list[torch.Tensor]:
@@ -91,7 +97,8 @@ class BatchSession:
                 ids[i, : sizes[i]] = f
         starts = torch.tensor(self.lengths[:batch], dtype=torch.long, device=device)  # [B]: one small upload
         positions = starts[:, None] + torch.arange(width, device=device)  # [B, w]
-        logits = self._forward(slice(0, batch), ids, positions, width, max(self.lengths[:batch]) + width)  # [B, w, V]
+        logits = self._forward(slice(0, batch), ids, positions, width, max(self.lengths[:batch]) + width,
+                               list(zip(self.lengths[:batch], sizes)))  # [B, w, V]
         for i, m in enumerate(sizes):
             self.lengths[i] += m
         return [logits[i, m - n: m] for i, (m, n) in enumerate(zip(sizes, n_logits))]

@@ -18,6 +18,10 @@ position would see, so every row and every one-token step run the same kernel on
 - with a mask (the static engine and the beam batch, whose keys are the whole position-indexed buffer;
   padded batches; custom patterns): the whole key tensor and the row's own line of the mask, as a
   one-token step there has.
+- in a ragged batch (:class:`~specdec.models.batch_session.BatchSession`, inside :func:`exact_rows`):
+  each sequence of the batch as the one-sequence dynamic engine runs it, whatever shares the pass: its
+  prefill through the causal call over its own prompt, each later query row over the keys of its own
+  prefix, batch 1, no mask. A batched row then gets the bits :func:`specdec.generate` gives it alone.
 
 A one-token step goes through the same functions, so nothing changes for plain decoding but the cost of
 one Python call per layer. :func:`use_row_attention` switches a transformers model to them.
@@ -25,7 +29,9 @@ one Python call per layer. :func:`use_row_attention` switches a transformers mod
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from contextvars import ContextVar
+from typing import Any, Iterator, Sequence
 
 import torch
 from transformers import AttentionInterface
@@ -64,6 +70,52 @@ def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
     return rows[0][:, None] if len(rows) == 1 else torch.stack(rows, dim=1)
 
 
+#: The rows of the ragged batch pass under way, (first position, tokens fed) per sequence (None: no batch).
+_BATCH_ROWS: ContextVar[Sequence[tuple[int, int]] | None] = ContextVar("specdec_batch_rows", default=None)
+
+
+@contextlib.contextmanager
+def exact_rows(spans: Sequence[tuple[int, int]]) -> Iterator[None]:
+    """Inside: a pass's batch row b holds a sequence fed ``spans[b] = (start, n)``: tokens at positions
+    start .. start + n - 1 (the rest of the row is padding), its keys at their positions from 0."""
+    token = _BATCH_ROWS.set(spans)
+    try:
+        yield
+    finally:
+        _BATCH_ROWS.reset(token)
+
+
+def _prefill(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
+             kwargs: dict) -> torch.Tensor:
+    """A pass from position 0 over q tokens ([1, H, q, D] and keys [1, H_kv, q, D]): the usual causal kernel
+    (a sliding window's band mask where q exceeds it); [1, q, H, D]."""
+    q, mask = query.shape[2], None
+    if window and q > window:
+        i = torch.arange(q, device=query.device)
+        mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window))[None, None]  # [1, 1, q, q]
+    kwargs = {k: v for k, v in kwargs.items() if k != "is_causal"}
+    return sdpa_attention_forward(module, query, key, value, mask, is_causal=mask is None, **kwargs)[0]
+
+
+def _batch(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           spans: Sequence[tuple[int, int]], window: int | None, kwargs: dict) -> torch.Tensor:
+    """Each sequence of a ragged batch as the one-sequence engine computes it; padded rows get zeros.
+    query [B, H, w, D]; key/value [B, H_kv, L, D] at positions 0 .. L - 1; [B, w, H, D]."""
+    batch, heads, width, _ = query.shape
+    out = query.new_zeros(batch, width, heads, value.shape[-1])
+    for b, (start, n) in enumerate(spans):
+        if start == 0 and n > 1:  # its prefill
+            out[b, :n] = _prefill(module, query[b:b + 1, :, :n], key[b:b + 1, :, :n], value[b:b + 1, :, :n], window,
+                                  kwargs)[0]
+            continue
+        for i in range(n):
+            end = start + i + 1
+            first = max(0, end - window) if window else 0
+            out[b, i] = _row(query[b:b + 1, :, i:i + 1], key[b:b + 1, :, first:end], value[b:b + 1, :, first:end],
+                             None, kwargs.get("scaling"))[0]
+    return out
+
+
 def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """query [B, H, q, D]; key/value [B, H_kv, L, D]; attention_mask None or [B, 1, q, L] (True: attend).
@@ -76,19 +128,16 @@ def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
     _check(kwargs)
     scaling = kwargs.get("scaling")
     q, length = query.shape[2], key.shape[2]
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    spans = _BATCH_ROWS.get()
+    if spans is not None:  # a ragged batch: every sequence as it runs alone (the mask is not needed)
+        return _batch(module, query, key, value, spans, window, kwargs), None
     if attention_mask is not None:
         rows = [_row(query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
                 for i in range(q)]
         return _stack(rows), None
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     if q == length and q > 1:  # a pass from position 0: the prefill, the usual causal kernel
-        if window and q > window:
-            i = torch.arange(q, device=query.device)
-            attention_mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)  # [q, q]
-            attention_mask = attention_mask[None, None]
-        kwargs.pop("is_causal", None)
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      is_causal=attention_mask is None, **kwargs)
+        return _prefill(module, query, key, value, window, kwargs), None
     rows = []
     for i in range(q):
         end = length - q + i + 1  # the keys of positions 0 .. the row's own
