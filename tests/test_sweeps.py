@@ -168,3 +168,32 @@ def test_the_store_writes_a_unit_once(tmp_path):
 def test_ray_refuses_loaded_models(folders):
     with pytest.raises(SpecDecError, match="--ray loads the models by name"):
         alpha.run(alpha_args(folders, "--ray"), target=load_tiny("llama"), progress=False)
+
+
+def reports_loads():
+    """A unit runner that says whether its worker process had the sweep's models loaded before the unit
+    (made inside a function, so that Ray ships it by value: workers cannot import this test module)."""
+
+    def run(unit):
+        import os as _os
+
+        from specdec import alpha as _alpha
+        from specdec.sweeps.units import options_hash as _hash
+
+        had = _hash(unit.options) in _alpha._LOADED
+        return _alpha.run_unit(unit) + [{"record": "worker", "pid": _os.getpid(), "had_models": had}]
+
+    return run
+
+
+def test_a_ray_worker_loads_a_sweeps_models_once(folders, cluster):
+    """Ray tasks reuse worker processes; the per-process cache makes them cost what actors would: each
+    worker loads the models for its first unit only."""
+    units = alpha.plan(alpha_args(folders, "--temperatures", "0,1"), 4)
+    parts = execute(units, alpha.run_unit, ray="local", remote=reports_loads(), progress=False)
+    workers = [r for part in parts for r in part if r["record"] == "worker"]
+    assert len(workers) == len(units) == 8
+    pids = {w["pid"] for w in workers}
+    assert len(pids) < len(units)  # workers were reused
+    for pid in pids:
+        assert sum(not w["had_models"] for w in workers if w["pid"] == pid) == 1, pid

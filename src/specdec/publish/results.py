@@ -168,6 +168,10 @@ def generate(args: argparse.Namespace, *, pool: ModelPool | None = None, target:
         "target": loaded.name if loaded is not None else args.target,
         "draft": args.draft,
         "reused": reused,
+        # where and when each reused step was measured (an earlier run may have had another machine)
+        "reused_from": {step.name: f"{(doc.get('machine') or {}).get('cpu', 'machine not recorded')}, "
+                                   f"{doc.get('measured_at') or 'date not recorded'}"
+                        for step, doc in done if step.name in reused},
     }
     text = results_markdown(summary, done, figures, out)
     (out / "RESULTS.md").write_text(text, encoding="utf-8")
@@ -226,7 +230,8 @@ def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, A
         "command that measures the same thing on its own.",
         "",
         *([f"The command ran with `--resume`: steps {', '.join(summary['reused'])} were reused from an earlier run of "
-           "the same plan on the same machine (their outputs in `results/`, each with its measurement time).", ""]
+           "the same plan (their outputs in `results/`). Where and when each was measured: "
+           + "; ".join(f"{name} ({where})" for name, where in summary.get("reused_from", {}).items()) + ".", ""]
           if summary.get("reused") else []),
         "## Machine",
         "",
