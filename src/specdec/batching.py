@@ -41,14 +41,13 @@ from specdec.analysis import expected_tokens
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters.base import Draft, DraftContext, DrafterBase
-from specdec.drafters.model import fit_width
+from specdec.drafters.model import draft_token
 from specdec.drafters.plan import DRAFTER_NAMES, plan_draft
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.batch_session import BatchSession
 from specdec.models.causal import new_token_limit
 from specdec.rounds import Round
-from specdec.sampling import argmax, sample, standardize
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -344,19 +343,14 @@ class BatchEngine:
             for i, row in enumerate(rows):
                 if not going[i]:
                     continue
-                sampling, lg = row.config.sampling, fit_width(logits[i][-1], self.target.vocab_size)  # [V]
                 stop_below = row.config.confidence if row.config.gamma_schedule == "confidence" else None
-                if sampling.greedy:
-                    if stop_below is not None and torch.softmax(lg.float(), -1).max() < stop_below:
-                        going[i] = False
-                        continue
-                    x = argmax(lg)
-                else:
-                    q = standardize(lg, sampling)  # [V]
-                    if stop_below is not None and q.max() < stop_below:
-                        going[i] = False
-                        continue
-                    x = sample(q, row.generator)
+                drafted = draft_token(logits[i][-1], self.target.vocab_size, row.config.sampling, row.generator,
+                                      stop_below)
+                if drafted is None:
+                    going[i] = False
+                    continue
+                x, q = drafted
+                if q is not None:
                     qs[i].append(q)
                 tokens[i].append(x)
                 going[i] = len(tokens[i]) < ks[i]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -40,6 +40,23 @@ class SessionDrafter(DrafterBase):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def draft_token(logits: torch.Tensor, vocab_size: int, sampling: Any, generator: Any,
+                stop_below: float | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """One drafted token from a draft model's logits [V'] (fitted to the target's V): (token [] long on the
+    device, q [V] or None when greedy: q is one-hot on the argmax), or None where the confidence schedule
+    stops drafting (its max probability below ``stop_below``: a host sync, that schedule only). The one
+    rule of :class:`ModelDrafter` and of the batch engine's draft rows."""
+    logits = fit_width(logits, vocab_size)
+    if sampling.greedy:
+        if stop_below is not None and torch.softmax(logits.float(), -1).max() < stop_below:
+            return None
+        return argmax(logits), None
+    q = standardize(logits, sampling)  # [V]
+    if stop_below is not None and q.max() < stop_below:
+        return None
+    return sample(q, generator), q
 
 
 class ModelDrafter(SessionDrafter):
@@ -85,16 +102,11 @@ class ModelDrafter(SessionDrafter):
         qs: list[torch.Tensor] = []
         logits = self.catch_up(sequence)  # [V]
         for i in range(k):
-            logits = fit_width(logits, ctx.vocab_size)
-            if ctx.sampling.greedy:
-                if ctx.stop_below is not None and torch.softmax(logits.float(), -1).max() < ctx.stop_below:
-                    break  # (a host sync: the confidence schedule only)
-                x = argmax(logits)
-            else:
-                q = standardize(logits, ctx.sampling)  # [V]
-                if ctx.stop_below is not None and q.max() < ctx.stop_below:
-                    break
-                x = sample(q, ctx.generator)
+            drafted = draft_token(logits, ctx.vocab_size, ctx.sampling, ctx.generator, ctx.stop_below)
+            if drafted is None:
+                break
+            x, q = drafted
+            if q is not None:
                 qs.append(q)
             tokens.append(x)
             if i + 1 < k:
