@@ -9,8 +9,8 @@ end-of-sequence token) and a stop string that never appears, so every round chec
 
 - the stop check: ``StopScan.push`` (specdec.text) and ``_cut_at_stop``; in a checkout from before
   the incremental check (``PYTHONPATH=/old/src python scripts/stop_check_share.py``), which decoded the
-  whole text inside ``_append``, the time of ``_append`` is reported instead;
-- ``_append`` as a whole (EOS scan, the stop check, bookkeeping): an upper bound for either version.
+  whole text inside ``append_tokens``, the time of ``append_tokens`` is reported instead;
+- ``append_tokens`` as a whole (EOS scan, the stop check, bookkeeping): an upper bound for either version.
 
 Prints, for each of ``--repeat`` generations, the time of each measure and its share of the
 generation's wall time, then the median share of the stop check.
@@ -76,11 +76,11 @@ def main() -> None:
     specdec.generate(model, prompt, draft=args.draft, max_new_tokens=16, stop=[args.stop])  # warm-up
 
     incremental = hasattr(decoding, "_cut_at_stop")
-    decoding._append = timed("_append", decoding._append)
+    decoding.append_tokens = timed("append_tokens", decoding.append_tokens)
     if incremental:
         decoding.StopScan.push = timed("stop", decoding.StopScan.push)
         decoding._cut_at_stop = timed("stop", decoding._cut_at_stop)
-    label = "StopScan.push + _cut_at_stop" if incremental else "_append (decodes the whole text every round)"
+    label = "StopScan.push + _cut_at_stop" if incremental else "append_tokens (decodes the whole text every round)"
     shares = []
     for run in range(args.repeat):
         TIMES.clear()
@@ -88,11 +88,11 @@ def main() -> None:
         out = specdec.generate(model, prompt, draft=args.draft, max_new_tokens=args.tokens, stop=[args.stop])
         total = time.perf_counter() - t0
         assert len(out.token_ids) == args.tokens and out.stats.stop_reason == "max_new_tokens", out.stats.stop_reason
-        stop = TIMES.get("stop", TIMES["_append"])
+        stop = TIMES.get("stop", TIMES["append_tokens"])
         shares.append(100 * stop / total)
         print(f"run {run + 1}: {args.tokens} tokens, draft {args.draft or 'none'}, {out.stats.target_calls} rounds, "
-              f"{total:.2f} s; stop check ({label}) {stop:.3f} s = {shares[-1]:.2f}%; _append as a whole "
-              f"{100 * TIMES['_append'] / total:.2f}%")
+              f"{total:.2f} s; stop check ({label}) {stop:.3f} s = {shares[-1]:.2f}%; append_tokens as a whole "
+              f"{100 * TIMES['append_tokens'] / total:.2f}%")
     print(f"stop check share, median of {args.repeat} runs: {statistics.median(shares):.2f}%")
 
 

@@ -60,14 +60,14 @@ DEFAULT_POSITIONS = 4096  # max_positions when neither the caller nor the target
 
 @dataclass(eq=False)
 class BatchRow:
-    """One sequence of the batch: what :func:`specdec.decoding._append` and ``_finish`` read (the same fields
+    """One sequence of the batch: what :func:`specdec.decoding.append_tokens` and ``finish_output`` read (the same fields
     as a single generation), plus its draft and its place in the batch."""
 
     target: LanguageModel
     prompt_ids: list[int]
     config: GenerationConfig
     draft: Any  # None (plain), MODEL, or a parameter-free Drafter of its own
-    drafter: Any  # what _finish asks for stats(): the row's drafter (None for a plain row)
+    drafter: Any  # what finish_output asks for stats(): the row's drafter (None for a plain row)
     schedule: Any
     sequence: list[int]
     ids: torch.Tensor  # [max positions] the sequence on the device
@@ -253,12 +253,12 @@ class BatchEngine:
             drafter = draft
         seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
         device = target.device
-        from specdec.decoding import _device_ids
+        from specdec.decoding import device_ids
 
         schedule = (_RowAlpha(self, self.gamma_policy.alpha0) if config.gamma_schedule == "adaptive"
                     else make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound))
         row = BatchRow(target, prompt_ids, config, draft, drafter, schedule, list(prompt_ids),
-                       _device_ids(prompt_ids, len(prompt_ids) + limit + 1, device), len(prompt_ids), limit,
+                       device_ids(prompt_ids, len(prompt_ids) + limit + 1, device), len(prompt_ids), limit,
                        new_generator(device, seed), target.eos_token_ids, GenerationStats(prompt_tokens=len(prompt_ids),
                                                                                           seed=seed),
                        on_tokens, on_round, Stopwatch(device)())
@@ -401,7 +401,7 @@ class BatchEngine:
         draft_calls = (self.draft_session.forward_passes - calls_before) if self.draft_session is not None else 0
         self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts), time_draft)
         done = []
-        from specdec.decoding import RoundEvent, _append
+        from specdec.decoding import RoundEvent, append_tokens
 
         for i, row in enumerate(rows):
             new, n, betas, drafted_ids = read[i]
@@ -420,7 +420,7 @@ class BatchEngine:
             length = len(row.sequence)
             row.ids[length: length + n + 1] = results[i].tokens[: n + 1]
             try:
-                added = _append(row, new, [True] * n + [False])
+                added = append_tokens(row, new, [True] * n + [False])
                 if row.on_round is not None:
                     row.on_round(RoundEvent(drafted_ids, n, added, row.from_draft[len(row.from_draft) - len(added):]))
             except Exception as err:  # the row's consumer failed or left (serve: Cancelled): only this row ends
@@ -429,9 +429,9 @@ class BatchEngine:
                 done.append(row)
         for row in done:
             if row.error is None:
-                from specdec.decoding import _finish
+                from specdec.decoding import finish_output
 
-                row.output = _finish(row)
+                row.output = finish_output(row)
         self._drop(done)
         return finished + done
 
@@ -502,9 +502,9 @@ def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft
         return []
     engine, row_draft = batch_engine(target, draft, configs, max_batch or len(prompts), max_positions)
     target = engine.target
-    from specdec.decoding import _prompt_ids
+    from specdec.decoding import prompt_token_ids
 
-    rows = [engine.add(_prompt_ids(target, p, c), c, draft=row_draft) for p, c in zip(prompts, configs)]
+    rows = [engine.add(prompt_token_ids(target, p, c), c, draft=row_draft) for p, c in zip(prompts, configs)]
     engine.run()
     for row in rows:
         if row.error is not None:

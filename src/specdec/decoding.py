@@ -145,7 +145,7 @@ def generate(
     target = load(target)
     check_target(target)
     plan = plan.load(target)
-    prompt_ids = _prompt_ids(target, prompt, config)
+    prompt_ids = prompt_token_ids(target, prompt, config)
     seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
     if config.num_beams > 1:
         return _beam_generate(target, plan.draft, prompt_ids, config, seed)
@@ -157,7 +157,7 @@ def generate(
             _round(run)
     finally:
         run.close()
-    return _finish(run)
+    return finish_output(run)
 
 
 def check_target(target: Any) -> None:
@@ -204,7 +204,8 @@ def _check_names(target: Any, plan: DraftPlan) -> None:
     plan.check()
 
 
-def _prompt_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
+def prompt_token_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
+    """The prompt as the target's token ids, checked (not empty, within the context). The batch engine's too."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise SpecDecError("the prompt is empty; give some text to continue")
@@ -260,7 +261,7 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
     limit = new_token_limit(len(prompt_ids), config.max_new_tokens, target.max_context, target.name)
     session, sequence = target.start(prompt_ids, len(prompt_ids) + limit + 1)
     run = _Run(target, prompt_ids, drafter, make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound), config,
-               session, sequence, _device_ids(sequence, len(sequence) + limit + 1, device), len(sequence), limit,
+               session, sequence, device_ids(sequence, len(sequence) + limit + 1, device), len(sequence), limit,
                new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
     if config.stop:
         run.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
@@ -275,7 +276,7 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
     return run
 
 
-def _device_ids(sequence: list[int], positions: int, device: torch.device) -> torch.Tensor:
+def device_ids(sequence: list[int], positions: int, device: torch.device) -> torch.Tensor:
     """[positions] long on ``device``, the sequence in its first len(sequence) entries (one upload, at the start)."""
     ids = torch.zeros(positions, dtype=torch.long, device=device)
     ids[: len(sequence)] = torch.tensor(sequence, dtype=torch.long, device=device)
@@ -297,14 +298,14 @@ def _round(run: _Run) -> None:
     if drafter is not None:
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))
-    added = _append(run, r.new, [True] * r.n + [False])
+    added = append_tokens(run, r.new, [True] * r.n + [False])
     if run.on_round is not None:
         run.on_round(RoundEvent(r.proposal.tokens.tolist(), r.n, added, run.from_draft[len(run.from_draft) - len(added):]))
 
 
-def _append(run: _Run, new: list[int], origins: list[bool]) -> list[int]:
+def append_tokens(run: _Run, new: list[int], origins: list[bool]) -> list[int]:
     """Add a round's tokens to the sequence, cut at EOS or a stop string, stream them, decide the end.
-    Returns the tokens added."""
+    Returns the tokens added. The one rule for a sequence's end: the batch engine's rows use it too."""
     config, sequence = run.config, run.sequence
     done = ""
     for j, tok in enumerate(new):
@@ -342,7 +343,8 @@ def _cut_at_stop(run: _Run, before: int) -> bool:
     return True
 
 
-def _finish(run: _Run) -> GenerationOutput:
+def finish_output(run: _Run) -> GenerationOutput:
+    """The generation's output from its run (a one-sequence run, or a batch row: the same fields)."""
     config, stats, target, drafter = run.config, run.stats, run.target, run.drafter
     token_ids = run.sequence[run.start_len:]
     stats.new_tokens = len(token_ids)
