@@ -42,8 +42,9 @@ QUICK: dict[str, Any] = {
     "beam": {"tasks": ["translation"], "n_prompts": 1, "max_new_tokens": 12, "widths": [3]},
 }
 FULL: dict[str, Any] = {
-    # 20 prompts x 40 tokens: about 800 positions per cell, a standard error of alpha <= 0.02 (0.5 / sqrt(800) = 0.018)
-    "alpha": {"n_prompts": 20, "max_new_tokens": 40},
+    # a standard error of alpha <= 0.02 needs about 600 positions (0.5 / sqrt(600) = 0.02): 20 prompts x 40 tokens,
+    # 50 for translation (its German sentences end after about 14 tokens)
+    "alpha": {"n_prompts": 20, "max_new_tokens": 40, "per_task": {"translation": 50}},
     "speed": {
         "humaneval": (3, 48, "2,4,6", ["{d}", "{d}:int8"]),
         "translation": (3, 48, "2,4", ["{d}", "prompt-lookup"]),
@@ -134,7 +135,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
         alpha_drafts = drafts(ALPHA_DRAFTS)
         for task in tasks:
             steps.append(Step("alpha", f"alpha_{step_stem(task)}", f"alpha, {task}", [
-                *common, "--task", task, "--n-prompts", n(p["alpha"]["n_prompts"]),
+                *common, "--task", task, "--n-prompts", n(p["alpha"].get("per_task", {}).get(task, p["alpha"]["n_prompts"])),
                 "--max-new-tokens", tokens(p["alpha"]["max_new_tokens"]), "--temperatures", TEMPERATURES,
                 "--leniences", ALPHA_LENIENCES, "--drafts", *alpha_drafts]))
     if "speed" in parts:

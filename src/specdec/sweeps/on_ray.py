@@ -35,6 +35,16 @@ def _import_ray():
     return ray
 
 
+def _loopback_only(ray) -> None:
+    """A cluster on this machine talks over the loopback only: Ray then takes 127.0.0.1 as the node's
+    address (as it does on macOS and Windows) instead of the machine's network address, here and in the
+    processes it starts (they read the variable)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time; the variable covers Ray's own processes
+
+
 def connect(address: str, num_cpus: int | None = None) -> bool:
     """Join (or start) the cluster at ``address``: 'local' starts one on this machine (its CPUs, or
     ``num_cpus``); 'auto' or 'ray://host:port' joins a running one. Returns whether it was started
@@ -44,8 +54,8 @@ def connect(address: str, num_cpus: int | None = None) -> bool:
         return False
     options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address == "local":
-        # a cluster on this machine talks over the loopback only
-        ray.init(num_cpus=num_cpus or os.cpu_count(), _node_ip_address="127.0.0.1", **options)
+        _loopback_only(ray)
+        ray.init(num_cpus=num_cpus or os.cpu_count(), **options)
     else:
         try:
             ray.init(address=address, **options)
