@@ -107,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help="run the alpha and bench steps' units as Ray tasks (see specdec bench --ray); the beam "
                              "steps run here")
+    parser.add_argument("--shard-size", type=int, default=None, metavar="N",
+                        help="prompts per unit of the alpha and bench steps (see specdec bench --shard-size)")
+    parser.add_argument("--records", default=None, metavar="DIR",
+                        help="keep each unit's records in DIR, written once: the same command run again resumes "
+                             "where it stopped (default on Ray: OUT/results/units)")
 
 
 def plan(args: argparse.Namespace) -> list[Step]:

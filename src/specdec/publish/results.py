@@ -135,13 +135,16 @@ def generate(args: argparse.Namespace, *, pool: ModelPool | None = None, target:
         if progress:
             print(f"[{index}/{len(steps)}] {step.title}: {step.command(out)}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        # --ray: alpha and bench steps run as units on the cluster, each worker loading the models by name
-        on_ray = ["--ray", args.ray, "--records", str(out / "results" / "units")] if args.ray else []
+        # --ray: alpha and bench steps run as units on the cluster, each worker loading the models by name;
+        # --records (default OUT/results/units on Ray): each unit's records kept once, a rerun resumes
+        records = args.records or (str(out / "results" / "units") if args.ray else None)
+        sweep = (["--ray", args.ray] if args.ray else []) + (["--records", records] if records else []) + \
+            (["--shard-size", str(args.shard_size)] if args.shard_size else [])
         models = {} if args.ray else {"target": get_target(), "pool": pool}
         if step.kind == "alpha":
-            document = alpha_module.run(_parse(alpha_module, step.argv + on_ray), **models, progress=progress)
+            document = alpha_module.run(_parse(alpha_module, step.argv + sweep), **models, progress=progress)
         elif step.kind in ("speed", "extension"):
-            document = bench.run(_parse(bench, step.argv + on_ray), **models, progress=progress)
+            document = bench.run(_parse(bench, step.argv + sweep), **models, progress=progress)
         else:
             document = run_beam(step, get_target(), pool, progress)
         document["step_seconds"] = time.perf_counter() - t0
