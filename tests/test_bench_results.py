@@ -104,3 +104,41 @@ def test_generate_on_tiny_models(tmp_path, task_file):
     assert results._previous(step, out) is not None
     step.argv.append("--seed-changed")
     assert results._previous(step, out) is None
+
+
+def test_results_keeps_unit_records_and_a_rerun_resumes_from_them(tmp_path):
+    """--records: the alpha and bench steps' units are kept once; the same command again reads them back
+    and runs no unit (a long sweep cut short resumes where it stopped)."""
+    from specdec.sweeps import units as units_module
+
+    target = load_tiny("llama", sharp=3.0)
+    pool = ModelPool("fp32", {"tiny": target, "tiny-draft": perturbed(target, 0.3)})
+    task_file = tmp_path / "task.jsonl"
+    task_file.write_text("".join(json.dumps({"prompt": p, "reference": r}) + "\n"
+                                 for p, r in (("w1 w2 w3", "w4 w5"), ("w6 w7 w8 w6", "w7 w8"))))
+    records = tmp_path / "units"
+    args_list = ["--quick", "--out", str(tmp_path / "docs"), "--target", "tiny", "--draft", "tiny-draft", "--dtype",
+                 "fp32", "--tasks", f"jsonl:{task_file}", "--n-prompts", "2", "--max-new-tokens", "6", "--parts",
+                 "alpha,speed", "--no-int8-draft", "--shard-size", "1", "--records", str(records)]
+    first = results.generate(parse(*args_list), pool=pool, target=target, progress=False)
+    kept = sorted(p.name for p in records.iterdir())
+    assert any(n.startswith("alpha-") for n in kept) and any(n.startswith("bench-") for n in kept)
+    assert len([n for n in kept if n.startswith("bench-") and "-prompts-" in n]) == 2 * 2  # 2 temperatures x 2 shards
+
+    def must_not_run(unit):
+        raise AssertionError(f"unit {unit.id} ran again")
+
+    real_execute = units_module.execute
+
+    def execute_without_running(units, run, **kwargs):
+        return real_execute(units, must_not_run, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        import specdec.alpha
+        import specdec.bench.runner
+
+        mp.setattr(specdec.alpha, "execute", execute_without_running)
+        mp.setattr(specdec.bench.runner, "execute", execute_without_running)
+        again = results.generate(parse(*args_list), pool=pool, target=target, progress=False)
+    alpha_step = "alpha_jsonl_task.jsonl"
+    assert dict(again["steps"])[alpha_step]["results"] == dict(first["steps"])[alpha_step]["results"]
