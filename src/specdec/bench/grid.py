@@ -43,8 +43,8 @@ class Grid:
     verifications: list[str] = field(default_factory=lambda: ["token"])
 
 
-def grid_from_args(args: argparse.Namespace, draft_override: str | None) -> Grid:
-    """The grid of the bench options, every list checked (``draft_override``: one draft instead of the options')."""
+def grid_from_args(args: argparse.Namespace) -> Grid:
+    """The grid of the bench options, every list checked."""
     temperatures = number_list(args.temperatures, float, "--temperatures") if args.temperatures else [args.temperature]
     if any(t < 0 for t in temperatures):
         raise SpecDecError(f"temperatures must be >= 0, got {temperatures}")
@@ -64,7 +64,7 @@ def grid_from_args(args: argparse.Namespace, draft_override: str | None) -> Grid
     bad = [v for v in verifications if v not in VERIFICATIONS]
     if bad:
         raise SpecDecError(f"unknown verification(s) {', '.join(bad)}; choose from {', '.join(VERIFICATIONS)}")
-    drafts = [draft_override] if draft_override else list(args.drafts or [args.draft])
+    drafts = list(args.drafts or [args.draft])
     for spec in drafts:
         plan_draft(spec)
     assisted = None

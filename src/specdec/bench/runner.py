@@ -87,12 +87,9 @@ def _load(args: argparse.Namespace, target: LanguageModel | None = None, draft: 
         raise SpecDecError("--quantize (dynamic int8) runs on CPU only; drop it for --device cuda")
     pool = pool if pool is not None else ModelPool(args.dtype, device=device, random_weights=args.random_weights,
                                                    compile=args.compile)
-    draft_override = None
-    if isinstance(draft, str):
-        draft_override = draft
-    elif draft is not None:
+    if draft is not None:  # a model standing for the primary draft
         pool.models[args.draft] = draft
-    grid = grid_from_args(args, draft_override)
+    grid = grid_from_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     task = task_from_args(args)
@@ -163,8 +160,10 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     units run as Ray tasks, each worker loading the models from the names.
     """
     validate(args)
+    if isinstance(draft, str):  # a drafter name for the primary draft: part of the options every unit reads
+        args.drafts, draft = [draft], None
     ray = getattr(args, "ray", None)
-    if ray is not None and (target is not None or pool is not None or (draft is not None and not isinstance(draft, str))):
+    if ray is not None and (target is not None or pool is not None or draft is not None):
         raise SpecDecError("--ray loads the models by name in every worker: give names, not loaded models")
     if ray is not None and args.threads is None:
         args.threads = 1
