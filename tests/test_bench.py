@@ -242,6 +242,9 @@ def test_llama_cpp_method_errors(monkeypatch):
     ("bench", ["--drafts", "qwen2.5-coder-0.5b:int8<-nosuch-model"], "unknown model 'nosuch-model'"),
     ("bench", ["--target", "nosuch-target"], "unknown model 'nosuch-target'"),
     ("alpha", ["--drafts", "bigram", "nosuch-model"], "unknown model 'nosuch-model'"),
+    ("bench", ["--shard-size", "0"], "--shard-size must be >= 1, got 0"),
+    ("alpha", ["--shard-size", "0"], "--shard-size must be >= 1, got 0"),
+    ("bench", ["--batch-sizes", "4,0"], "--batch-sizes must be >= 1"),
 ])
 def test_bench_and_alpha_check_models_before_loading(monkeypatch, capsys, command, argv, message):
     from specdec.sweeps.pool import ModelPool

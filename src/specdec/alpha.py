@@ -90,6 +90,8 @@ def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
         raise SpecDecError(f"temperatures must be >= 0, got {args.temperatures}")
     if any(not 0 < l <= 1 for l in leniences):
         raise SpecDecError(f"leniences must be in (0, 1], got {args.leniences}")
+    if getattr(args, "shard_size", None) is not None and args.shard_size < 1:
+        raise SpecDecError(f"--shard-size must be >= 1, got {args.shard_size}")
     if 1.0 not in leniences:
         leniences = [1.0, *leniences]
     for spec in args.drafts:

@@ -100,5 +100,7 @@ def validate(args: argparse.Namespace) -> None:
         raise SpecDecError(f"--temperature must be >= 0, got {args.temperature}")
     if args.threads is not None and args.threads < 1:
         raise SpecDecError(f"--threads must be >= 1, got {args.threads}")
+    if getattr(args, "shard_size", None) is not None and args.shard_size < 1:
+        raise SpecDecError(f"--shard-size must be >= 1, got {args.shard_size}")
     if getattr(args, "batch_sizes", None) and any(b < 1 for b in number_list(args.batch_sizes, int, "--batch-sizes")):
         raise SpecDecError(f"--batch-sizes must be >= 1, got {args.batch_sizes}")
