@@ -31,9 +31,9 @@ def timed_unit():
         import time as _time
 
         from specdec import alpha as _alpha
-        from specdec.sweeps.units import options_hash
+        from specdec.sweeps.units import has_loaded
 
-        had = options_hash(unit.options) in _alpha._LOADED
+        had = has_loaded(unit)
         t0 = _time.perf_counter()
         records = _alpha.run_unit(unit)
         return records + [{"record": "worker", "pid": os.getpid(), "had_models": had,

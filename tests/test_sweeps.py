@@ -178,9 +178,9 @@ def reports_loads():
         import os as _os
 
         from specdec import alpha as _alpha
-        from specdec.sweeps.units import options_hash as _hash
+        from specdec.sweeps.units import has_loaded
 
-        had = _hash(unit.options) in _alpha._LOADED
+        had = has_loaded(unit)
         return _alpha.run_unit(unit) + [{"record": "worker", "pid": _os.getpid(), "had_models": had}]
 
     return run

@@ -50,7 +50,7 @@ from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 from specdec.sampling import SamplingParams, standardize
 from specdec.sweeps import Unit, execute, plain_options, shards
-from specdec.sweeps.units import flatten, options_hash
+from specdec.sweeps.units import flatten, loaded_for
 
 DEFAULT_DRAFTS = (DEFAULT_DRAFT, "unigram", "bigram", "prompt-lookup", "random")
 N_PROMPTS = 10
@@ -261,9 +261,6 @@ def _load(args: argparse.Namespace, target: LanguageModel | None = None, pool: M
     return _Loaded(task, target, drafts, gen_spec, gen_draft, prompts, corpus_source, len(ids_corpus or ()))
 
 
-_LOADED: dict[str, _Loaded] = {}  # per process: a Ray worker loads a sweep's models once for all its units
-
-
 def _run(loaded: _Loaded, args: argparse.Namespace, unit: Unit) -> list[dict[str, Any]]:
     _, leniences = _validate(args)
     records = []
@@ -276,12 +273,7 @@ def _run(loaded: _Loaded, args: argparse.Namespace, unit: Unit) -> list[dict[str
 
 def run_unit(unit: Unit) -> list[dict[str, Any]]:
     """One unit (one temperature x a shard of prompts) from its options alone: what a Ray worker runs."""
-    args = argparse.Namespace(**unit.options)
-    key = options_hash(unit.options)
-    if key not in _LOADED:
-        _LOADED.clear()  # one sweep's models at a time
-        _LOADED[key] = _load(args)
-    return _run(_LOADED[key], args, unit)
+    return _run(loaded_for(unit, _load), argparse.Namespace(**unit.options), unit)
 
 
 def plan(args: argparse.Namespace, n_prompts: int) -> list[Unit]:

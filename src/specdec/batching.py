@@ -16,12 +16,12 @@ A :class:`BatchEngine` holds up to ``max_batch`` rows (sequences) in one batched
    requests join (continuous batching) before the next round.
 
 Each row's output follows the target exactly: at temperature 0 the target's greedy tokens, at T > 0 its
-distribution. Rows never see each other (their own cache row and mask). The bits of the logits are not
-always those of :func:`specdec.generate`'s one-sequence engine: float matrix products may depend on the
-batch, and this engine attends through a mask over a padded window where the dynamic engine attends over
-the exact prefix, so a near-tie can break differently (often with an int8 target, whose requantization
-amplifies last-bit differences: the README's load test). With the block-invariant int8 target
-(``quantize="int8"``) a row's logits do not depend on what else shares its batch, bit for bit.
+distribution. Rows never see each other (their own cache row and mask). With the block-invariant int8
+target (``quantize="int8"``) a row's logits are bit for bit those :func:`specdec.generate` gives it alone,
+whatever shares the batch (its attention runs per sequence as in the one-sequence engine:
+:func:`specdec.models.row_attention.exact_rows`). In float precision they need not be: float matrix
+products may depend on the batch, and this engine attends through a mask over a padded window where the
+dynamic engine attends over the exact prefix, so a near-tie can break differently.
 
 Not batched (run one sequence at a time with :func:`specdec.generate`): hierarchies, drafts with another
 tokenizer, encoder-decoder targets, beam search.

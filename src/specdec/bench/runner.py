@@ -41,7 +41,7 @@ from specdec.models import LanguageModel, same_vocabulary
 from specdec.stats import GenerationStats
 from specdec.sweeps import Unit, execute, plain_options, shards
 from specdec.sweeps.on_ray import TIMING_CAVEAT
-from specdec.sweeps.units import flatten, options_hash
+from specdec.sweeps.units import flatten, loaded_for
 
 WARMUP_TOKENS = 16  # warmup runs are untimed; a few tokens reach every code path
 #: llama.cpp's context: the longest prompt + max_new_tokens + this margin, and at least LLAMA_MIN_CONTEXT.
@@ -137,17 +137,9 @@ def _run(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progress: bool =
         gc.unfreeze()
 
 
-_LOADED: dict[str, _Loaded] = {}  # per process: a Ray worker loads a run's models once for all its units
-
-
 def run_unit(unit: Unit) -> list[dict[str, Any]]:
     """One unit from its options alone (what a Ray worker runs): the models load once per process."""
-    args = argparse.Namespace(**unit.options)
-    key = options_hash(unit.options)
-    if key not in _LOADED:
-        _LOADED.clear()
-        _LOADED[key] = _load(args)
-    return _run(_LOADED[key], args, unit)
+    return _run(loaded_for(unit, _load), argparse.Namespace(**unit.options), unit)
 
 
 def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft: Any = None,

@@ -3,7 +3,7 @@
 Each unit is one Ray task asking for ``num_cpus`` CPUs (``--threads``): Ray starts no more tasks on
 a node than its CPUs hold, so the units that time things never share cores, and each task's torch
 uses exactly that many threads. A worker process keeps the models it loaded
-(:mod:`specdec.alpha` and :mod:`specdec.bench.runner` cache them per process by options), so the
+(:func:`specdec.sweeps.units.loaded_for`, per process and sweep), so the
 tasks Ray gives the same worker load nothing again: tasks cost what actors would, and a lost worker
 costs only its unit. A unit lost with its worker (killed, out of memory, a node gone) is retried
 (:data:`RETRIES` times); a unit is idempotent, and its records are kept once under its id.

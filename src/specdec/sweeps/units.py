@@ -13,6 +13,7 @@ short resumes where it stopped and a retried unit cannot leave its records twice
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import json
@@ -89,6 +90,25 @@ def resolve(command: str) -> Callable[..., Records]:
     """The function that runs one unit of ``command`` (imported where the unit runs)."""
     module, name = UNIT_RUNNERS[command].split(":")
     return getattr(importlib.import_module(module), name)
+
+
+_LOADED: dict[tuple[str, str], Any] = {}  # per process: (command, options hash) -> what its units share
+
+
+def loaded_for(unit: Unit, load: Callable[[argparse.Namespace], Any]) -> Any:
+    """What ``load`` builds from the unit's options (the task, the models, the drafts), once per process and
+    sweep: a Ray worker that runs several units of one sweep loads its models for the first one only. One
+    sweep's models are kept at a time."""
+    key = (unit.command, options_hash(unit.options))
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = load(argparse.Namespace(**unit.options))
+    return _LOADED[key]
+
+
+def has_loaded(unit: Unit) -> bool:
+    """Whether this process already holds what ``unit``'s sweep loads (:func:`loaded_for`)."""
+    return (unit.command, options_hash(unit.options)) in _LOADED
 
 
 def run_unit(unit: Unit) -> Records:
