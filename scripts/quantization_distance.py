@@ -39,8 +39,8 @@ def closeness(p_model, q_model, texts: list[tuple[str, str]]) -> dict:
         n_prompt = len(p_model.encode(prompt))
         ids = p_model.encode(prompt + solution)
         with torch.inference_mode():
-            lp = p_model.start(ids)[0].forward(ids, len(ids)).float()[n_prompt - 1: -1]  # [solution, V]
-            lq = q_model.start(ids)[0].forward(ids, len(ids)).float()[n_prompt - 1: -1]
+            lp = p_model.start(ids)[0].logits_of(ids, len(ids)).float()[n_prompt - 1: -1]  # [solution, V]
+            lq = q_model.start(ids)[0].logits_of(ids, len(ids)).float()[n_prompt - 1: -1]
         width = min(lp.shape[-1], lq.shape[-1])
         lp, lq = lp[:, :width], lq[:, :width]
         agree += int((lp.argmax(-1) == lq.argmax(-1)).sum())
@@ -59,13 +59,13 @@ def step_times(models: dict, context: int, repeats: int) -> dict:
     with torch.inference_mode():
         for name, model in models.items():
             session = model.start(ids)[0]
-            session.forward(ids, 1)  # prefill
+            session.logits_of(ids, 1)  # prefill
             sessions[name] = session
         for _ in range(repeats):
             for name, session in sessions.items():
                 for width in (1, 5):
                     t0 = time.perf_counter()
-                    session.forward(ids + list(range(2000, 2000 + width)), width)  # rolls back, then `width` tokens
+                    session.logits_of(ids + list(range(2000, 2000 + width)), width)  # rolls back, then `width` tokens
                     times[name][width].append(time.perf_counter() - t0)
     return {name: {f"{w}_token_ms": 1000 * statistics.median(v) for w, v in by_width.items()}
             for name, by_width in times.items()}

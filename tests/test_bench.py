@@ -11,7 +11,8 @@ import specdec.bench as bench
 from specdec.bench.aggregation import first_difference
 from specdec.bench.grid import select_methods
 from specdec.bench.methods import METHODS
-from specdec.publish.tables import table
+from specdec.publish.tables import machine_lines, table
+from specdec.sweeps.machine import cpu_kind, machines_of
 from specdec.errors import SpecDecError
 from tiny import load_tiny, perturbed
 
@@ -105,6 +106,9 @@ def test_run_tiny(tiny_pair, prompts_file, tmp_path, capsys):
     assert len(result["runs"]) == 4 and result["runs"][0]["order"] != result["runs"][1]["order"]
     assert result["config"]["n_prompts"] == 2 and result["config"]["dtype"] == "float32"
     assert result["machine"]["torch_threads"] >= 1 and result["machine"]["cpu_count"] >= 1
+    assert result["machine"]["cpu_kind"] == cpu_kind()
+    (here,) = result["machine"]["units_measured_on"]  # every prompt's record names the machine that measured it
+    assert (here["cpu"], here["cpu_kind"], here["records"]) == (result["machine"]["cpu"], cpu_kind(), 4)
     assert result["step_costs"]["c_direct"] > 0
     json.dumps(result)  # JSON-able
     assert "| specdec-spec |" in table(result)
@@ -256,3 +260,26 @@ def test_bench_and_alpha_check_models_before_loading(monkeypatch, capsys, comman
     monkeypatch.setattr(ModelPool, "get", must_not_load)
     assert main([command, *argv, "--n-prompts", "1"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_cpu_kind_names_the_instruction_sets_that_decide_speed():
+    assert cpu_kind({"fpu", "sse4_2", "avx2", "fma"}) == "AVX2 only"
+    assert cpu_kind({"avx2", "avx512f"}) == "AVX-512"
+    assert cpu_kind({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}) == "AVX-512 BF16, AVX-512 VNNI"
+    assert cpu_kind({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"}) == "AMX, AVX-512 BF16, AVX-512 VNNI"
+    assert cpu_kind({"neon", "asimd"}) == "unknown"
+
+
+def test_a_sweeps_records_name_their_machines_and_the_table_says_when_there_are_several():
+    a = {"cpu": "EPYC", "cpu_kind": "AVX2 only"}
+    b = {"cpu": "Xeon", "cpu_kind": "AMX, AVX-512 BF16, AVX-512 VNNI"}
+    records = [{"machine": {**a, "date": "2026-11-25T10:00:00+00:00"}}, {"machine": {**b, "date": "2026-11-26T09:00:00+00:00"}},
+               {"machine": {**a, "date": "2026-11-24T10:00:00+00:00"}}, {}]
+    got = machines_of(records)
+    assert got == [{**a, "records": 2, "first": "2026-11-24T10:00:00+00:00", "last": "2026-11-25T10:00:00+00:00"},
+                   {**b, "records": 1, "first": "2026-11-26T09:00:00+00:00", "last": "2026-11-26T09:00:00+00:00"},
+                   {"cpu": "not recorded", "cpu_kind": None, "records": 1, "first": None, "last": None}]
+    machine = {**a, "cpu_count": 2, "torch_threads": 2, "units_measured_on": got[:2]}
+    text = "\n".join(machine_lines({"machine": machine}))
+    assert "The prompts were measured on: EPYC (AVX2 only), 2 runs, 2026-11-24 to 2026-11-25; Xeon (AMX" in text
+    assert "measured on" not in "\n".join(machine_lines({"machine": {**machine, "units_measured_on": got[:1]}}))

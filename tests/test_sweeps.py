@@ -76,7 +76,7 @@ def without_times(document):
             "identical_to_plain": block["identical_to_plain"],
             "runs": [{k: (v if not isinstance(v, dict) else {x: v[x] for x in ("new_tokens", "target_calls", "alpha",
                                                                                "mean_accepted_length") if x in v})
-                      for k, v in run.items() if k not in ("load_average",)} for run in block["runs"]],
+                      for k, v in run.items() if k not in ("load_average", "machine")} for run in block["runs"]],
         }
     return out
 

@@ -28,7 +28,7 @@ from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids
 from specdec.drafters import plan_draft
 from specdec.bench.formatting import short
 from specdec.bench.grid import Cell, Grid, build_cells, grid_from_args, select_methods, skipped_assisted
-from specdec.sweeps.machine import dtype_name, load_average, machine_info, weight_floor
+from specdec.sweeps.machine import dtype_name, load_average, machine_info, machines_of, weight_floor, where_measured
 from specdec.bench.methods import Settings, Trial, hf_runner, llama_cpp_runner, load_llama_cpp, specdec_runner
 from specdec.models.llama_cpp import target_gguf
 from specdec.tasks.metrics import check_metric_libraries, score
@@ -274,7 +274,9 @@ def _document(args: argparse.Namespace, loaded: _Loaded, records: list[dict[str,
         else "real",
         "floor": measured["floor"] if measured else None,
         "machine": {**machine_info(dtype), "load_average_before": load_before,
-                    "load_average_after": load_average() if load_before is not None else None},
+                    "load_average_after": load_average() if load_before is not None else None,
+                    # the machines that measured the prompts (a resumed or Ray sweep's units may come from several)
+                    "units_measured_on": machines_of([r for r in records if r.get("record") == "prompt"])},
         # The first temperature's results in the single-configuration layout:
         "methods": first["methods"],
         "speedups": first["speedups"],
@@ -337,7 +339,7 @@ def _measure_shard(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progre
             turn += 1
             record: dict[str, Any] = {"record": "prompt", "temperature": temperature, "index": i, "prompt": item.id,
                                       "repeat": r, "prompt_tokens": len(ids), "order": order,
-                                      "load_average": load_average(), "trials": {}}
+                                      "load_average": load_average(), "machine": where_measured(), "trials": {}}
             for name in order:
                 bar.set_postfix_str(f"{item.id} {name}")
                 trial = runners[name](ids)

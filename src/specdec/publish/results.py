@@ -41,7 +41,7 @@ import torch
 from specdec import alpha as alpha_module
 from specdec.publish.beam_bench import beam_markdown, run_beam
 from specdec.sweeps.pool import ModelPool
-from specdec.bench.formatting import fmt
+from specdec.bench.formatting import MISSING, fmt
 from specdec.sweeps.machine import dtype_name, load_average, machine_info
 from specdec.publish.tables import grid_markdown, write_outputs
 from specdec.publish.plan import Step, add_arguments, plan
@@ -219,6 +219,19 @@ def _theorem8_checks(done: list[tuple[Step, dict[str, Any]]]) -> tuple[int, int,
     return within, total, lines
 
 
+def _elsewhere(done: list[tuple[Step, dict[str, Any]]], machine: dict[str, Any]) -> list[str]:
+    """A line per step whose prompts were measured on other machines than this file's (units of a stored sweep
+    resumed elsewhere, or Ray workers): which, and how many runs each."""
+    lines = []
+    for step, doc in done:
+        on = (doc.get("machine") or {}).get("units_measured_on") or []
+        if any((m["cpu"], m["cpu_kind"]) != (machine.get("cpu"), machine.get("cpu_kind")) for m in on):
+            lines.append(f"- {step.name}: prompts measured on " + "; ".join(
+                f"{m['cpu']} ({m.get('cpu_kind') or 'kind not recorded'}), {m['records']} runs" for m in on))
+    return ["", "Steps measured on other machines (each speedup compares runs of one prompt on one machine):", *lines] \
+        if lines else []
+
+
 def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, Any]]], figures: list[Path],
                      out: Path) -> str:
     m = summary["machine"]
@@ -238,9 +251,9 @@ def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, A
           if summary.get("reused") else []),
         "## Machine",
         "",
-        "| CPU | cores | torch threads | torch | transformers | python | dtype | date (UTC) | load average before / after |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {m['cpu']} | {m['cpu_count']} | {m['torch_threads']} | {m['torch']} | {m['transformers']} | {m['python']} | "
+        "| CPU | kind | cores | torch threads | torch | transformers | python | dtype | date (UTC) | load average before / after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {m['cpu']} | {m.get('cpu_kind', MISSING)} | {m['cpu_count']} | {m['torch_threads']} | {m['torch']} | {m['transformers']} | {m['python']} | "
         f"{m['dtype']} | {m['date']} | {fmt(m.get('load_average_before'), '.2f')} / {fmt(m.get('load_average_after'), '.2f')} |",
         "",
         f"Target {summary['target']}, draft {summary['draft']}. Timings are wall-clock on a shared 2-core machine: a "
@@ -249,6 +262,7 @@ def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, A
         + (" With reused steps, the date and load average in this table are from when this file was written; each "
            "step's own measurement date is in its raw JSON (`machine`), and each speed table prints its load average."
            if summary.get("reused") else ""),
+        *_elsewhere(done, m),
     ]
     within, total, checks = _theorem8_checks(done)
     lines += ["", "## Summary", ""]

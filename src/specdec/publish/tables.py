@@ -182,16 +182,31 @@ def grid_markdown(result: dict[str, Any]) -> str:
                 parts.append(f"draft {spec_name}: " + ", ".join(
                     f"{m} {t * MS_PER_S:.0f} ms (c {c:.3f})" for m, t, c in zip(entry["models"], entry["k1_s"], entry["c_levels"])))
         lines += ["", "Direct step costs (median of single cached forward passes): " + "; ".join(parts)]
-    machine = result.get("machine", {})
-    if machine:
-        load = (machine.get("load_average_before"), machine.get("load_average_after"))
-        lines.append(
-            f"Machine: {machine.get('cpu')} ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch threads), "
-            f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
-            + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else ""))
+    lines += machine_lines(result)
     for name, why in result.get("skipped", {}).items():
         lines.append(f"Skipped {name}: {why}")
     return "\n".join(lines)
+
+
+def machine_lines(result: dict[str, Any]) -> list[str]:
+    """The machine of a bench document, and the machines that measured its prompts where they differ from it
+    (a resumed or Ray sweep's units)."""
+    machine = result.get("machine", {})
+    if not machine:
+        return []
+    load = (machine.get("load_average_before"), machine.get("load_average_after"))
+    lines = [f"Machine: {machine.get('cpu')}" + (f", {machine['cpu_kind']}" if machine.get("cpu_kind") else "")
+             + f" ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch threads), "
+             f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
+             + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else "")]
+    measured_on = machine.get("units_measured_on") or []
+    if len(measured_on) > 1 or any(m["cpu"] != machine.get("cpu") or m["cpu_kind"] != machine.get("cpu_kind")
+                                   for m in measured_on):
+        lines.append("The prompts were measured on: " + "; ".join(
+            f"{m['cpu']}" + (f" ({m['cpu_kind']})" if m.get("cpu_kind") else "") + f", {m['records']} runs"
+            + (f", {m['first'][:10]} to {m['last'][:10]}" if m.get("first") else "") for m in measured_on)
+            + ". Speedups compare runs of one prompt, which one machine measured.")
+    return lines
 
 
 def batch_markdown(result: dict[str, Any]) -> str:

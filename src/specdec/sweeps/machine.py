@@ -33,6 +33,34 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The instruction sets that decide CPU speed here, as /proc/cpuinfo names them, and how reports name them.
+_KINDS = (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512_vnni", "AVX-512 VNNI"),
+          ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+
+
+def cpu_kind(flags: set[str] | None = None) -> str:
+    """What kind of CPU this is for matrix kernels: its best instruction sets, e.g. ``"AVX-512 BF16, AVX-512
+    VNNI"`` or ``"AVX2 only"`` (bf16 verification is dear without AVX-512 BF16 or AMX: README, "The int8
+    target"). ``flags``: /proc/cpuinfo's (read here when None); "unknown" where there are none."""
+    if flags is None:
+        flags = set()
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        flags = set(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+    have = [name for flag, name in _KINDS if flag in flags]
+    if not have:
+        return "unknown"
+    if have == ["AVX2"]:
+        return "AVX2 only"
+    specific = [name for name in have if name not in ("AVX-512", "AVX2")]  # AVX-512 BF16 implies AVX-512
+    return ", ".join(specific or [have[0]])
+
+
 def dtype_name(dtype: Any) -> str:
     """A torch dtype as reports name it: ``bfloat16``, ``float32``."""
     return str(dtype).replace("torch.", "")
@@ -45,6 +73,7 @@ def machine_info(dtype: str) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
         "cpu": cpu_model(),
+        "cpu_kind": cpu_kind(),
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # what OpenMP read when torch loaded it
         "torch": torch.__version__,
@@ -52,6 +81,29 @@ def machine_info(dtype: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "dtype": dtype,
     }
+
+
+def where_measured() -> dict[str, Any]:
+    """What a record names about the machine that measured it (records of one sweep may come from several
+    machines: Ray workers, or units of a stored sweep resumed on another day)."""
+    return {"cpu": cpu_model(), "cpu_kind": cpu_kind(),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def machines_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct machines (cpu, cpu kind) of ``records`` that name one (:func:`where_measured`), with how
+    many records each measured and the first and last date; records that name none count as not recorded."""
+    seen: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for record in records:
+        where = record.get("machine") or {}
+        key = (where.get("cpu"), where.get("cpu_kind"))
+        entry = seen.setdefault(key, {"cpu": key[0] or "not recorded", "cpu_kind": key[1], "records": 0,
+                                      "first": where.get("date"), "last": where.get("date")})
+        entry["records"] += 1
+        if where.get("date"):
+            entry["first"] = min(filter(None, (entry["first"], where["date"])))
+            entry["last"] = max(filter(None, (entry["last"], where["date"])))
+    return list(seen.values())
 
 
 def load_average() -> float | None:
