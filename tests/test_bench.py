@@ -283,3 +283,31 @@ def test_a_sweeps_records_name_their_machines_and_the_table_says_when_there_are_
     text = "\n".join(machine_lines({"machine": machine}))
     assert "The prompts were measured on: EPYC (AVX2 only), 2 runs, 2026-11-24 to 2026-11-25; Xeon (AMX" in text
     assert "measured on" not in "\n".join(machine_lines({"machine": {**machine, "units_measured_on": got[:1]}}))
+
+
+def test_a_process_warms_each_configuration_up_once_per_temperature_not_once_per_shard(tiny_pair, prompts_file,
+                                                                                       monkeypatch):
+    """With --shard-size 1 every prompt is a unit; the warmup (untimed, WARMUP_TOKENS tokens) runs on the first
+    unit of each temperature only: the process is warm for the others."""
+    from specdec.bench import runner
+
+    target, draft = tiny_pair
+    real = runner._runners
+    calls = {"warm": 0, "timed": 0}
+
+    def counting(cells, *a, **k):
+        made = real(cells, *a, **k)
+        kind = "warm" if a[-3] == runner.WARMUP_TOKENS else "timed"  # a: (..., max_new_tokens, gamma, seed)
+
+        def count(fn):
+            def run(ids):
+                calls[kind] += 1
+                return fn(ids)
+            return run
+        return {name: count(fn) for name, fn in made.items()}
+
+    monkeypatch.setattr(runner, "_runners", counting)
+    args = parse("--prompts-file", str(prompts_file), "--n-prompts", "4", "--max-new-tokens", "20", "--shard-size",
+                 "1", "--methods", "specdec-plain,specdec-spec", "--temperatures", "0,1", "--dtype", "fp32")
+    bench.run(args, target=target, draft=draft, progress=False)
+    assert calls == {"warm": 2 * 2, "timed": 2 * 4 * 2}  # 2 configurations x 2 temperatures; x 4 prompts timed

@@ -13,7 +13,7 @@ import argparse
 import gc
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,7 @@ class _Loaded:
     grid: Grid
     methods: list[str]
     corpus_source: str
+    warmed: set[float] = field(default_factory=set)  # temperatures whose configurations ran their warmup here
 
 
 def _load(args: argparse.Namespace, target: LanguageModel | None = None, draft: Any = None,
@@ -322,7 +323,9 @@ def _measure_shard(loaded: _Loaded, args: argparse.Namespace, unit: Unit, progre
     warm = _runners(cells, target, loaded.drafts, loaded.pool, temperature, min(args.max_new_tokens, WARMUP_TOKENS),
                     args.gamma, args.seed)
     names = [c.label for c in cells]
-    n_warm = min(args.warmup, len(shard))
+    # a process warms every configuration up once per temperature: its later units (shards) start warm
+    n_warm = 0 if temperature in loaded.warmed else min(args.warmup, len(shard))
+    loaded.warmed.add(temperature)
     bar = tqdm(total=(n_warm + len(shard) * args.repeats) * len(cells), desc=f"bench T={temperature:g}", unit="run",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
     for i in shard[:n_warm]:
