@@ -189,7 +189,8 @@ def reports_loads():
 def test_a_ray_worker_loads_a_sweeps_models_once(folders, cluster):
     """Ray tasks reuse worker processes; the per-process cache makes them cost what actors would: each
     worker loads the models for its first unit only."""
-    units = alpha.plan(alpha_args(folders, "--temperatures", "0,1"), 4)
+    # a seed of its own: workers reused from the module's other Ray tests hold those sweeps' models, not this one's
+    units = alpha.plan(alpha_args(folders, "--temperatures", "0,1", "--seed", "7"), 4)
     parts = execute(units, alpha.run_unit, ray="local", remote=reports_loads(), progress=False)
     workers = [r for part in parts for r in part if r["record"] == "worker"]
     assert len(workers) == len(units) == 8
