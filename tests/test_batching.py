@@ -72,6 +72,18 @@ def test_plain_and_speculative_rows_share_a_batch_and_stop_strings_and_eos_end_r
     assert engine.passes and max(r for r, _ in engine.passes) == 4  # one pass over all rows per round
 
 
+def test_a_rows_first_token_comes_from_its_prefill():
+    """A joining row's prefill covers its whole prompt and gives its first token: two plain rows of 6 tokens
+    need 5 batched passes after their prefills, and each equals its generate output."""
+    target = load_tiny(eos=None)
+    engine = BatchEngine(target, max_batch=2)
+    rows = [engine.add(p, GenerationConfig(max_new_tokens=6)) for p in PROMPTS[:2]]
+    engine.run()
+    assert engine.passes == [(2, 1)] * 5
+    for row, prompt in zip(rows, PROMPTS):
+        assert row.output.token_ids == specdec.generate(target, prompt, max_new_tokens=6).token_ids
+
+
 def test_rows_never_leak_into_each_other():
     """A row whose draft is perfect (the target itself) beside one whose draft is always wrong (random
     tokens): each keeps its own acceptance and its own output."""

@@ -51,6 +51,28 @@ def test_plain_greedy_equals_transformers_generate(target):
     assert hf[0, len(PROMPT):].tolist() == plain.token_ids
 
 
+def test_the_first_token_comes_from_the_prefill_as_in_transformers(target):
+    """The prefill covers the whole prompt and its last position gives the first token: plain decoding of n
+    tokens runs n forward passes of the target (the prefill and n - 1 steps), as transformers' generate does;
+    a speculative first round's pass covers its drafts only."""
+    draft = perturbed(target, 0.05)  # (before the hook: a copy would inherit it)
+    passes = []
+    hook = target.hf_model.register_forward_pre_hook(lambda module, args: passes.append(1))
+    try:
+        plain = plain_greedy(target, n=12)
+        hf_passes = len(passes)
+        passes.clear()
+        target.hf_model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                                 pad_token_id=3)
+        assert len(passes) == hf_passes == 12 == plain.stats.target_calls
+        passes.clear()
+        spec = specdec.generate(target, PROMPT, draft=draft, gamma=3, max_new_tokens=12, temperature=0)
+        assert spec.token_ids == plain.token_ids
+        assert len(passes) == 1 + spec.stats.target_calls  # the prefill, then one pass per round
+    finally:
+        hook.remove()
+
+
 def test_target_as_its_own_draft_accepts_everything(target):
     out = specdec.generate(target, PROMPT, draft=target, gamma=4, max_new_tokens=N_NEW - 5)  # 35 = 7 steps of 5
     assert out.stats.acceptance_rate == 1.0

@@ -10,7 +10,8 @@ A :class:`BatchEngine` holds up to ``max_batch`` rows (sequences) in one batched
 2. the model draft proposes for all drafting rows in one pass per draft step (each row sampled with its
    own settings and random source); a parameter-free draft (prompt lookup, n-grams) proposes per row;
 3. the target scores every row's pending token and drafts in one pass, and each row is verified on its
-   own (``acceptance.verify``, Algorithm 1); one read-back brings every row's (n, tokens, betas);
+   own (``acceptance.verify``, Algorithm 1); one read-back brings every row's (n, tokens, betas). A row
+   that just joined brings its last token's logits from its prefill and feeds its drafts only;
 4. each row keeps its n_i accepted drafts and the target's token (ragged acceptance: rows advance by
    different amounts), rolls its caches back by bookkeeping, streams, and leaves when done; waiting
    requests join (continuous batching) before the next round.
@@ -85,6 +86,7 @@ class BatchRow:
     proposed: tuple[int, int] | None = None  # (sequence length, k) of the model draft's last proposal
     output: Any = None  # the GenerationOutput once done
     error: BaseException | None = None  # what ended it early (a callback raised: the client left, ...)
+    carried: torch.Tensor | None = None  # [1, V] its last position's logits from its prefill (its first round only)
     cancelled: str | None = None
     finish: Any = None  # the server's: the response payload of a finished row
 
@@ -281,7 +283,8 @@ class BatchEngine:
             row = self.waiting.popleft()
             slot = len(self.rows)
             row.t_start = Stopwatch(self.target.device)()
-            self.target_session.prefill(slot, row.sequence[:-1])  # the last token is the first round's pending one
+            # the whole prompt: its last position's logits give the first token (or verify the first draft)
+            row.carried = self.target_session.prefill(slot, row.sequence)  # [1, V]
             if row.draft == MODEL:
                 self.draft_session.prefill(slot, row.sequence[:-1])
             elif row.draft is not None:
@@ -387,8 +390,18 @@ class BatchEngine:
             if row.draft is not None and row.draft != MODEL and ks[i] > 0:
                 drafts[i] = row.draft.propose(row.sequence, ks[i])
         t1 = self.clock.mark()
-        feeds = [torch.cat([row.ids[len(row.sequence) - 1: len(row.sequence)], d.tokens]) for row, d in zip(rows, drafts)]
-        logits = self.target_session.extend(feeds, [len(d) + 1 for d in drafts])  # [g_i + 1, V] per row
+        # per row: its last token (the target's cache lacks it) and its drafts; a row that joined this round
+        # brings its last position's logits from its prefill, and feeds its drafts only (a plain one: nothing)
+        feeds = [d.tokens if row.carried is not None else torch.cat([row.ids[len(row.sequence) - 1: len(row.sequence)],
+                                                                     d.tokens]) for row, d in zip(rows, drafts)]
+        wanted = [len(f) for f in feeds]
+        logits = (self.target_session.extend(feeds, wanted) if any(wanted)
+                  else [f.new_empty(0, 0) for f in feeds])  # [m_i, V] per row (no pass when nothing is fed)
+        logits = [lg if row.carried is None else torch.cat([row.carried, lg]) if len(lg) else row.carried
+                  for lg, row in zip(logits, rows)]  # [g_i + 1, V] per row
+        carried = [row.carried is not None for row in rows]
+        for row in rows:
+            row.carried = None
         results: list[Verification] = [
             verify(lg, d.tokens, d.q, row.config.sampling, row.generator, row.config.lenience, row.config.verification)
             for lg, d, row in zip(logits, drafts, rows)]
@@ -396,10 +409,11 @@ class BatchEngine:
         read = read_batch(results, [d.tokens for d in drafts] if any(r.on_round for r in rows) else None)
         time_draft, time_verify = self.clock.seconds(t0, t1), self.clock.seconds(t1, t2)
         width = max(len(f) for f in feeds)
-        self.passes.append((len(rows), width))
         self.rounds += 1
         draft_calls = (self.draft_session.forward_passes - calls_before) if self.draft_session is not None else 0
-        self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts), time_draft)
+        if width:  # (no pass when every row's logits came from its prefill)
+            self.passes.append((len(rows), width))
+            self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts), time_draft)
         done = []
         from specdec.decoding import RoundEvent, append_tokens
 
@@ -415,7 +429,7 @@ class BatchEngine:
             r = Round(drafts[i], results[i], new, n, betas, draft_calls if row.draft == MODEL else 0, time_draft,
                       time_verify)
             row.stats.record_round(r)
-            if row.draft is not None:
+            if row.draft is not None and (not carried[i] or r.drafted):  # (a row fed nothing measured no step)
                 row.schedule.update(StepFeedback(r.drafted, n, betas, time_draft, time_verify, len(feeds[i])))
             length = len(row.sequence)
             row.ids[length: length + n + 1] = results[i].tokens[: n + 1]

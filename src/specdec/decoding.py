@@ -2,13 +2,16 @@
 
 generate() = prepare, then rounds until done, then finish. Each round:
   1. the drafter proposes up to gamma tokens (none without a draft), as device tensors;
-  2. the target scores its last token plus the drafted ones in one forward pass (``extend``);
+  2. the target scores its last token plus the drafted ones in one forward pass (``extend``); in the first
+     round the last token's logits come with the prefill (which covers the whole prompt), so the pass
+     covers the drafts only, and a plain first step needs no pass (as in transformers and llama.cpp);
   3. ``acceptance.verify`` accepts a prefix of the draft and appends one target token, on the device;
   4. one read-back brings (tokens, n, betas) to the host: the round's only synchronization;
   5. the caches roll back to what was accepted (``rollback``: bookkeeping only);
   6. EOS, stop strings, max_new_tokens and the context length end the loop.
 
-Invariant between rounds: the target's cache holds every token of ``sequence`` but the last one.
+Invariant between rounds: the target's cache holds every token of ``sequence`` but the last one (before
+the first round: all of them, and ``carried`` holds the last one's logits).
 """
 
 from __future__ import annotations
@@ -242,6 +245,7 @@ class _Run:
     stop_scan: StopScan | None = None  # with stop strings: finds them in each round's new text only
     stop_text: str | None = None
     on_round: RoundCallback | None = None
+    carried: torch.Tensor | None = None  # [1, V] the last position's logits from the prefill (first round only)
 
     def close(self) -> None:
         """Give every cache back to its model's pool: the target's and every draft level's."""
@@ -265,7 +269,8 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
                new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
     if config.stop:
         run.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
-    session.prefill(sequence[:-1])
+    # the whole sequence: its last position's logits give the first token (or verify the first draft)
+    run.carried = session.prefill(sequence)[None]  # [1, V]
     if drafter is not None:
         t0 = wall()
         source = prompt_ids if target.is_encoder_decoder else ()
@@ -290,12 +295,14 @@ def _round(run: _Run) -> None:
     # Never draft past the budget: n accepted + 1 target token must fit.
     k = min(run.schedule.next_gamma(), run.limit - generated - 1) if drafter is not None else 0
     length = len(run.sequence)
-    pending = run.ids[length - 1: length]  # [1] the sequence's last token: the one the target's cache lacks
+    carried, run.carried = run.carried, None
+    # [1] the sequence's last token, which the target's cache lacks; [0] after the prefill (it cached them all)
+    pending = run.ids[length - (carried is None): length]
     r = speculative_round(run.session, drafter, run.sequence, k, pending, config.sampling, run.generator, run.clock,
-                          lenience=config.lenience, verification=config.verification)
+                          lenience=config.lenience, verification=config.verification, carried=carried)
     run.stats.record_round(r)
     run.ids[length: length + r.n + 1] = r.result.tokens[: r.n + 1]  # the round's tokens stay on the device
-    if drafter is not None:
+    if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))
     added = append_tokens(run, r.new, [True] * r.n + [False])

@@ -44,7 +44,8 @@ class Round:
 
 def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[int], k: int, pending: torch.Tensor,
                       sampling: SamplingParams, generator: torch.Generator, clock: RoundClock, *,
-                      width: int | None = None, lenience: float = 1.0, verification: str = "token") -> Round:
+                      width: int | None = None, lenience: float = 1.0, verification: str = "token",
+                      carried: torch.Tensor | None = None) -> Round:
     """One round: ``drafter`` proposes up to ``k`` tokens continuing ``sequence`` (k = 0 or no drafter: a plain
     step); the session's model scores ``pending`` (the tokens of ``sequence`` it has not seen, [m] long on the
     device) and the drafts in one pass; the drafts are verified (``acceptance.verify``) and read back once;
@@ -52,6 +53,10 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
 
     width: cut or pad the verifier's logits to this vocabulary width (a hierarchy level's model may pad its
     embedding table differently from the target's).
+    carried: the logits [1, V] of the sequence's last position, from the pass that cached it (the prefill,
+    which covers the whole prompt: the first round of a generation), with ``pending`` empty: the pass then
+    covers the drafts only, and a plain first step makes no pass at all (as transformers' and llama.cpp's
+    first token comes from their prefill).
     """
     t0 = clock.mark()
     if k > 0 and drafter is not None:
@@ -62,7 +67,10 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
         proposal, draft_calls = Draft.empty(pending.device), 0
     t1 = clock.mark()
     g = len(proposal)
-    logits = session.extend(torch.cat([pending, proposal.tokens]), g + 1)  # [g + 1, V]
+    if carried is None:
+        logits = session.extend(torch.cat([pending, proposal.tokens]), g + 1)  # [g + 1, V]
+    else:  # the last position's logits came with the pass that cached it
+        logits = torch.cat([carried, session.extend(proposal.tokens, g)]) if g else carried  # [g + 1, V]
     if width is not None:
         logits = fit_width(logits, width)
     result = verify(logits, proposal.tokens, proposal.q, sampling, generator, lenience, verification)

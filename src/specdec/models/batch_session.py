@@ -67,17 +67,19 @@ class BatchSession:
         self.last_pass_tokens = int(ids.numel())
         return out.logits[:, -n_logits:]
 
-    def prefill(self, slot: int, ids: Sequence[int]) -> None:
-        """Start slot ``slot`` over with ``ids`` (host ids, fed from position 0, alone in the pass)."""
+    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor | None:
+        """Start slot ``slot`` over with ``ids`` (host ids, fed from position 0, alone in the pass); the logits
+        [1, V] of its last position (None if empty)."""
         self.lengths[slot] = 0
         if len(ids) == 0:
-            return
+            return None
         tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)  # [1, P]: one upload
         positions = torch.arange(len(ids), device=self.model.device)[None]  # [1, P]
         if len(ids) > self.capacity:
             raise ValueError(f"the batch cache holds {self.capacity} positions; {len(ids)} asked")
-        self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids), [(0, len(ids))])
+        logits = self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids), [(0, len(ids))])  # [1, 1, V]
         self.lengths[slot] = len(ids)
+        return logits[0]
 
     def extend(self, feeds: Sequence[torch.Tensor], n_logits: Sequence[int]) -> list[torch.Tensor]:
         """Feed slot i (i < len(feeds)) the ids ``feeds[i]`` ([m_i] long on the device; m_i may be 0) after its
