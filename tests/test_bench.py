@@ -7,12 +7,13 @@ import json
 
 import pytest
 
+import specdec
 import specdec.bench as bench
 from specdec.bench.aggregation import first_difference
 from specdec.bench.grid import select_methods
 from specdec.bench.methods import METHODS
 from specdec.publish.tables import machine_lines, table
-from specdec.sweeps.machine import cpu_kind, machines_of
+from specdec.sweeps.machine import code_version, cpu_kind, machines_of
 from specdec.errors import SpecDecError
 from tiny import load_tiny, perturbed
 
@@ -108,7 +109,9 @@ def test_run_tiny(tiny_pair, prompts_file, tmp_path, capsys):
     assert result["machine"]["torch_threads"] >= 1 and result["machine"]["cpu_count"] >= 1
     assert result["machine"]["cpu_kind"] == cpu_kind()
     (here,) = result["machine"]["units_measured_on"]  # every prompt's record names the machine that measured it
-    assert (here["cpu"], here["cpu_kind"], here["records"]) == (result["machine"]["cpu"], cpu_kind(), 4)
+    assert (here["cpu"], here["cpu_kind"], here["code"], here["records"]) == (
+        result["machine"]["cpu"], cpu_kind(), code_version(), 4)
+    assert code_version().startswith(specdec.__version__)
     assert result["step_costs"]["c_direct"] > 0
     json.dumps(result)  # JSON-able
     assert "| specdec-spec |" in table(result)
@@ -271,18 +274,22 @@ def test_the_cpu_kind_names_the_instruction_sets_that_decide_speed():
 
 
 def test_a_sweeps_records_name_their_machines_and_the_table_says_when_there_are_several():
-    a = {"cpu": "EPYC", "cpu_kind": "AVX2 only"}
-    b = {"cpu": "Xeon", "cpu_kind": "AMX, AVX-512 BF16, AVX-512 VNNI"}
+    a = {"cpu": "EPYC", "cpu_kind": "AVX2 only", "code": "0.1.0 (abc1234)"}
+    b = {"cpu": "Xeon", "cpu_kind": "AMX, AVX-512 BF16, AVX-512 VNNI", "code": "0.1.0 (abc1234)"}
     records = [{"machine": {**a, "date": "2026-11-25T10:00:00+00:00"}}, {"machine": {**b, "date": "2026-11-26T09:00:00+00:00"}},
                {"machine": {**a, "date": "2026-11-24T10:00:00+00:00"}}, {}]
     got = machines_of(records)
     assert got == [{**a, "records": 2, "first": "2026-11-24T10:00:00+00:00", "last": "2026-11-25T10:00:00+00:00"},
                    {**b, "records": 1, "first": "2026-11-26T09:00:00+00:00", "last": "2026-11-26T09:00:00+00:00"},
-                   {"cpu": "not recorded", "cpu_kind": None, "records": 1, "first": None, "last": None}]
+                   {"cpu": "not recorded", "cpu_kind": None, "code": None, "records": 1, "first": None, "last": None}]
     machine = {**a, "cpu_count": 2, "torch_threads": 2, "units_measured_on": got[:2]}
     text = "\n".join(machine_lines({"machine": machine}))
-    assert "The prompts were measured on: EPYC (AVX2 only), 2 runs, 2026-11-24 to 2026-11-25; Xeon (AMX" in text
+    assert ("The prompts were measured on: EPYC (AVX2 only), specdec 0.1.0 (abc1234), 2 runs, 2026-11-24 to "
+            "2026-11-25; Xeon (AMX") in text
     assert "measured on" not in "\n".join(machine_lines({"machine": {**machine, "units_measured_on": got[:1]}}))
+    # the same machine with other code says so too
+    other_code = [{**got[0], "code": "0.1.0 (def5678)"}]
+    assert "specdec 0.1.0 (def5678)" in "\n".join(machine_lines({"machine": {**machine, "units_measured_on": other_code}}))
 
 
 def test_a_process_warms_each_configuration_up_once_per_temperature_not_once_per_shard(tiny_pair, prompts_file,

@@ -125,7 +125,7 @@ def test_results_keeps_unit_records_and_a_rerun_resumes_from_them(tmp_path):
     assert any(n.startswith("alpha-") for n in kept) and any(n.startswith("bench-") for n in kept)
     assert len([n for n in kept if n.startswith("bench-") and "-prompts-" in n]) == 2 * 2  # 2 temperatures x 2 shards
 
-    assert "Steps measured on other machines" not in first["markdown"]
+    assert "Steps measured on other machines or code" not in first["markdown"]
     # one unit as if another machine had measured it (a stored sweep resumed elsewhere): RESULTS.md says so
     elsewhere = sorted(records.glob("bench-*-prompts-t0-p0-0.jsonl"))[0]
     moved = [{**r, "machine": {"cpu": "Other CPU", "cpu_kind": "AVX2 only", "date": "2026-11-26T00:00:00+00:00"}}
@@ -149,5 +149,5 @@ def test_results_keeps_unit_records_and_a_rerun_resumes_from_them(tmp_path):
         again = results.generate(parse(*args_list), pool=pool, target=target, progress=False)
     alpha_step = "alpha_jsonl_task.jsonl"
     assert dict(again["steps"])[alpha_step]["results"] == dict(first["steps"])[alpha_step]["results"]
-    assert "Steps measured on other machines" in again["markdown"]
-    assert "Other CPU (AVX2 only), 1 runs" in again["markdown"]
+    assert "Steps measured on other machines or code" in again["markdown"]
+    assert "Other CPU (AVX2 only), specdec version not recorded, 1 runs" in again["markdown"]

@@ -43,7 +43,7 @@ from specdec.publish.beam_bench import beam_markdown, run_beam
 from specdec.sweeps.pool import ModelPool
 from specdec.bench.formatting import MISSING, fmt
 from specdec.sweeps.machine import dtype_name, load_average, machine_info
-from specdec.publish.tables import grid_markdown, write_outputs
+from specdec.publish.tables import elsewhere, grid_markdown, measured_where, write_outputs
 from specdec.publish.plan import Step, add_arguments, plan
 from specdec.bench.theory import TOLERANCE
 
@@ -225,11 +225,10 @@ def _elsewhere(done: list[tuple[Step, dict[str, Any]]], machine: dict[str, Any])
     lines = []
     for step, doc in done:
         on = (doc.get("machine") or {}).get("units_measured_on") or []
-        if any((m["cpu"], m["cpu_kind"]) != (machine.get("cpu"), machine.get("cpu_kind")) for m in on):
-            lines.append(f"- {step.name}: prompts measured on " + "; ".join(
-                f"{m['cpu']} ({m.get('cpu_kind') or 'kind not recorded'}), {m['records']} runs" for m in on))
-    return ["", "Steps measured on other machines (each speedup compares runs of one prompt on one machine):", *lines] \
-        if lines else []
+        if any(elsewhere(m, machine) for m in on):
+            lines.append(f"- {step.name}: prompts measured on " + "; ".join(measured_where(m) for m in on))
+    return ["", "Steps measured on other machines or code (each speedup compares runs of one prompt on one "
+            "machine):", *lines] if lines else []
 
 
 def results_markdown(summary: dict[str, Any], done: list[tuple[Step, dict[str, Any]]], figures: list[Path],

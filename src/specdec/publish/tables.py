@@ -200,13 +200,21 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
              f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
              + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else "")]
     measured_on = machine.get("units_measured_on") or []
-    if len(measured_on) > 1 or any(m["cpu"] != machine.get("cpu") or m["cpu_kind"] != machine.get("cpu_kind")
-                                   for m in measured_on):
-        lines.append("The prompts were measured on: " + "; ".join(
-            f"{m['cpu']}" + (f" ({m['cpu_kind']})" if m.get("cpu_kind") else "") + f", {m['records']} runs"
-            + (f", {m['first'][:10]} to {m['last'][:10]}" if m.get("first") else "") for m in measured_on)
-            + ". Speedups compare runs of one prompt, which one machine measured.")
+    if len(measured_on) > 1 or any(elsewhere(m, machine) for m in measured_on):
+        lines.append("The prompts were measured on: " + "; ".join(measured_where(m) for m in measured_on)
+                     + ". Speedups compare runs of one prompt, which one machine measured.")
     return lines
+
+
+def elsewhere(measured: dict[str, Any], machine: dict[str, Any]) -> bool:
+    """Whether records (an entry of ``units_measured_on``) came from another machine or code than ``machine``."""
+    return any(measured.get(k) != machine.get(k) for k in ("cpu", "cpu_kind", "code"))
+
+
+def measured_where(m: dict[str, Any]) -> str:
+    """An entry of ``units_measured_on`` in words."""
+    return (f"{m['cpu']} ({m.get('cpu_kind') or 'kind not recorded'}), specdec {m.get('code') or 'version not recorded'}, "
+            f"{m['records']} runs" + (f", {m['first'][:10]} to {m['last'][:10]}" if m.get("first") else ""))
 
 
 def batch_markdown(result: dict[str, Any]) -> str:

@@ -11,8 +11,10 @@ step is from memory-bound (launch overhead, small kernels, attention).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,16 +23,25 @@ from specdec.devices import Stopwatch
 from specdec.models import LanguageModel
 
 
-def cpu_model() -> str:
-    """The processor's model name (from /proc/cpuinfo on Linux), else what platform knows."""
+@functools.lru_cache(maxsize=None)
+def _cpuinfo() -> tuple[str | None, frozenset[str]]:
+    """The processor's model name and flags from /proc/cpuinfo (Linux); (None, no flags) elsewhere."""
+    model, flags = None, frozenset()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if line.startswith("model name") and model is None:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return model, flags
+
+
+def cpu_model() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux), else what platform knows."""
+    return _cpuinfo()[0] or platform.processor() or platform.machine()
 
 
 #: The instruction sets that decide CPU speed here, as /proc/cpuinfo names them, and how reports name them.
@@ -43,15 +54,7 @@ def cpu_kind(flags: set[str] | None = None) -> str:
     VNNI"`` or ``"AVX2 only"`` (bf16 verification is dear without AVX-512 BF16 or AMX: README, "The int8
     target"). ``flags``: /proc/cpuinfo's (read here when None); "unknown" where there are none."""
     if flags is None:
-        flags = set()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith("flags"):
-                        flags = set(line.split(":", 1)[1].split())
-                        break
-        except OSError:
-            pass
+        flags = set(_cpuinfo()[1])
     have = [name for flag, name in _KINDS if flag in flags]
     if not have:
         return "unknown"
@@ -74,6 +77,7 @@ def machine_info(dtype: str) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu": cpu_model(),
         "cpu_kind": cpu_kind(),
+        "code": code_version(),
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # what OpenMP read when torch loaded it
         "torch": torch.__version__,
@@ -83,22 +87,43 @@ def machine_info(dtype: str) -> dict[str, Any]:
     }
 
 
+@functools.lru_cache(maxsize=None)
+def code_version() -> str:
+    """specdec's version and, in a git checkout, its commit ("+changes" when the tree has uncommitted ones)."""
+    import subprocess
+
+    from specdec import __version__
+
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    if commit.returncode != 0:
+        return __version__
+    return f"{__version__} ({commit.stdout.strip()}{'+changes' if dirty.stdout.strip() else ''})"
+
+
 def where_measured() -> dict[str, Any]:
-    """What a record names about the machine that measured it (records of one sweep may come from several
-    machines: Ray workers, or units of a stored sweep resumed on another day)."""
-    return {"cpu": cpu_model(), "cpu_kind": cpu_kind(),
+    """What a record names about the machine and the code that measured it (records of one sweep may come
+    from several: Ray workers, or units of a stored sweep resumed on another day)."""
+    return {"cpu": cpu_model(), "cpu_kind": cpu_kind(), "code": code_version(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def machines_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The distinct machines (cpu, cpu kind) of ``records`` that name one (:func:`where_measured`), with how
-    many records each measured and the first and last date; records that name none count as not recorded."""
-    seen: dict[tuple[Any, Any], dict[str, Any]] = {}
+    """The distinct machines and code versions (cpu, cpu kind, code) of ``records`` (:func:`where_measured`),
+    with how many records each measured and the first and last date; records that name none count as not
+    recorded."""
+    seen: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
     for record in records:
         where = record.get("machine") or {}
-        key = (where.get("cpu"), where.get("cpu_kind"))
-        entry = seen.setdefault(key, {"cpu": key[0] or "not recorded", "cpu_kind": key[1], "records": 0,
-                                      "first": where.get("date"), "last": where.get("date")})
+        key = (where.get("cpu"), where.get("cpu_kind"), where.get("code"))
+        entry = seen.setdefault(key, {"cpu": key[0] or "not recorded", "cpu_kind": key[1], "code": key[2],
+                                      "records": 0, "first": where.get("date"), "last": where.get("date")})
         entry["records"] += 1
         if where.get("date"):
             entry["first"] = min(filter(None, (entry["first"], where["date"])))
