@@ -48,7 +48,7 @@ from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.batch_session import BatchSession
 from specdec.models.causal import new_token_limit
-from specdec.rounds import Round
+from specdec.rounds import Round, with_carried
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -395,10 +395,8 @@ class BatchEngine:
         feeds = [d.tokens if row.carried is not None else torch.cat([row.ids[len(row.sequence) - 1: len(row.sequence)],
                                                                      d.tokens]) for row, d in zip(rows, drafts)]
         wanted = [len(f) for f in feeds]
-        logits = (self.target_session.extend(feeds, wanted) if any(wanted)
-                  else [f.new_empty(0, 0) for f in feeds])  # [m_i, V] per row (no pass when nothing is fed)
-        logits = [lg if row.carried is None else torch.cat([row.carried, lg]) if len(lg) else row.carried
-                  for lg, row in zip(logits, rows)]  # [g_i + 1, V] per row
+        fed = self.target_session.extend(feeds, wanted) if any(wanted) else [None] * len(rows)  # [m_i, V] per row
+        logits = [with_carried(row.carried, lg) for lg, row in zip(fed, rows)]  # [g_i + 1, V] per row
         carried = [row.carried is not None for row in rows]
         for row in rows:
             row.carried = None

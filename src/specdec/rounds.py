@@ -42,6 +42,16 @@ class Round:
         return len(self.proposal)
 
 
+def with_carried(carried: torch.Tensor | None, logits: torch.Tensor | None) -> torch.Tensor:
+    """A round's verification logits [g + 1, V]: ``carried`` [1, V] (the last position's, from the pass that
+    cached it; None: none) before ``logits`` [g, V] of the drafts (None or empty: no pass, nothing drafted)."""
+    if carried is None:
+        return logits
+    if logits is None or len(logits) == 0:
+        return carried
+    return torch.cat([carried, logits])
+
+
 def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[int], k: int, pending: torch.Tensor,
                       sampling: SamplingParams, generator: torch.Generator, clock: RoundClock, *,
                       width: int | None = None, lenience: float = 1.0, verification: str = "token",
@@ -70,7 +80,7 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
     if carried is None:
         logits = session.extend(torch.cat([pending, proposal.tokens]), g + 1)  # [g + 1, V]
     else:  # the last position's logits came with the pass that cached it
-        logits = torch.cat([carried, session.extend(proposal.tokens, g)]) if g else carried  # [g + 1, V]
+        logits = with_carried(carried, session.extend(proposal.tokens, g) if g else None)  # [g + 1, V]
     if width is not None:
         logits = fit_width(logits, width)
     result = verify(logits, proposal.tokens, proposal.q, sampling, generator, lenience, verification)
