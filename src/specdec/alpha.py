@@ -38,7 +38,7 @@ import specdec
 from specdec.acceptance import lenient_greedy_mask
 from specdec.sweeps.options import (
     DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
-    add_sweep_arguments, add_threads_argument, number_list,
+    add_sweep_arguments, add_threads_argument, check_sweep_options, number_list,
 )
 from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus
 from specdec.drafters import plan_draft
@@ -90,8 +90,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[float], list[float]]:
         raise SpecDecError(f"temperatures must be >= 0, got {args.temperatures}")
     if any(not 0 < l <= 1 for l in leniences):
         raise SpecDecError(f"leniences must be in (0, 1], got {args.leniences}")
-    if getattr(args, "shard_size", None) is not None and args.shard_size < 1:
-        raise SpecDecError(f"--shard-size must be >= 1, got {args.shard_size}")
+    check_sweep_options(args)
     if 1.0 not in leniences:
         leniences = [1.0, *leniences]
     for spec in args.drafts:

@@ -395,7 +395,8 @@ class BatchEngine:
         feeds = [d.tokens if row.carried is not None else torch.cat([row.ids[len(row.sequence) - 1: len(row.sequence)],
                                                                      d.tokens]) for row, d in zip(rows, drafts)]
         wanted = [len(f) for f in feeds]
-        fed = self.target_session.extend(feeds, wanted) if any(wanted) else [None] * len(rows)  # [m_i, V] per row
+        width = max(wanted)
+        fed = self.target_session.extend(feeds, wanted) if width else [None] * len(rows)  # [m_i, V] per row
         logits = [with_carried(row.carried, lg) for lg, row in zip(fed, rows)]  # [g_i + 1, V] per row
         carried = [row.carried is not None for row in rows]
         for row in rows:
@@ -406,7 +407,6 @@ class BatchEngine:
         t2 = self.clock.mark()
         read = read_batch(results, [d.tokens for d in drafts] if any(r.on_round for r in rows) else None)
         time_draft, time_verify = self.clock.seconds(t0, t1), self.clock.seconds(t1, t2)
-        width = max(len(f) for f in feeds)
         self.rounds += 1
         draft_calls = (self.draft_session.forward_passes - calls_before) if self.draft_session is not None else 0
         if width:  # (no pass when every row's logits came from its prefill)

@@ -15,7 +15,7 @@ from specdec.errors import SpecDecError
 from specdec.schedules import SCHEDULES
 from specdec.sweeps.options import (
     DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
-    add_sweep_arguments, add_threads_argument, number_list,
+    add_sweep_arguments, add_threads_argument, check_sweep_options, number_list,
 )
 
 __all__ = ["DEFAULT_GAMMA", "add_arguments", "validate"]
@@ -100,7 +100,6 @@ def validate(args: argparse.Namespace) -> None:
         raise SpecDecError(f"--temperature must be >= 0, got {args.temperature}")
     if args.threads is not None and args.threads < 1:
         raise SpecDecError(f"--threads must be >= 1, got {args.threads}")
-    if getattr(args, "shard_size", None) is not None and args.shard_size < 1:
-        raise SpecDecError(f"--shard-size must be >= 1, got {args.shard_size}")
+    check_sweep_options(args)
     if getattr(args, "batch_sizes", None) and any(b < 1 for b in number_list(args.batch_sizes, int, "--batch-sizes")):
         raise SpecDecError(f"--batch-sizes must be >= 1, got {args.batch_sizes}")

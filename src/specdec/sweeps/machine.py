@@ -73,11 +73,8 @@ def machine_info(dtype: str) -> dict[str, Any]:
     import transformers
 
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **where_measured(),  # cpu, cpu kind, code, date
         "cpu_count": os.cpu_count(),
-        "cpu": cpu_model(),
-        "cpu_kind": cpu_kind(),
-        "code": code_version(),
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # what OpenMP read when torch loaded it
         "torch": torch.__version__,

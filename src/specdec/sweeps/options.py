@@ -45,6 +45,12 @@ def number_list(text: str | None, kind: type, option: str, *, unique: bool = Tru
     return list(dict.fromkeys(values)) if unique else values
 
 
+def check_sweep_options(args: argparse.Namespace) -> None:
+    """The sweep options' bad values, before any model loads (:func:`add_sweep_arguments`)."""
+    if getattr(args, "shard_size", None) is not None and args.shard_size < 1:
+        raise SpecDecError(f"--shard-size must be >= 1, got {args.shard_size}")
+
+
 def add_sweep_arguments(parser: argparse.ArgumentParser, *, shard_help: str) -> None:
     """The options every sweep command shares: where its units run, how big they are, where they are kept."""
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
