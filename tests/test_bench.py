@@ -290,6 +290,14 @@ def test_a_sweeps_records_name_their_machines_and_the_table_says_when_there_are_
     # the same machine with other code says so too
     other_code = [{**got[0], "code": "0.1.0 (def5678)"}]
     assert "specdec 0.1.0 (def5678)" in "\n".join(machine_lines({"machine": {**machine, "units_measured_on": other_code}}))
+    # a GPU run names its GPU first; the same CPU with a GPU is another machine
+    gpu = {**b, "gpu": "NVIDIA H200"}
+    on_gpu, on_cpu = machines_of([{"machine": {**gpu, "date": "2026-11-26T01:00:00+00:00"}}, {"machine": b}])
+    assert on_gpu["gpu"] == "NVIDIA H200" and "gpu" not in on_cpu
+    lines = machine_lines({"machine": {**gpu, "cpu_count": 16, "torch_threads": 16, "units_measured_on": [on_gpu]}})
+    assert lines == [lines[0]] and lines[0].startswith("Machine: GPU NVIDIA H200; CPU Xeon, AMX, AVX-512 BF16")
+    assert "Xeon (AMX, AVX-512 BF16, AVX-512 VNNI), GPU NVIDIA H200, specdec" in "\n".join(
+        machine_lines({"machine": {**machine, "units_measured_on": [on_gpu]}}))
 
 
 def test_a_process_warms_each_configuration_up_once_per_temperature_not_once_per_shard(tiny_pair, prompts_file,

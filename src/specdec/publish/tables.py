@@ -195,7 +195,7 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
     if not machine:
         return []
     load = (machine.get("load_average_before"), machine.get("load_average_after"))
-    lines = [f"Machine: {machine.get('cpu')}" + (f", {machine['cpu_kind']}" if machine.get("cpu_kind") else "")
+    lines = [f"Machine: {machine_name(machine)}"
              + f" ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch threads), "
              f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
              + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else "")]
@@ -206,14 +206,22 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def machine_name(m: dict[str, Any]) -> str:
+    """A machine record's processor and kind, with its GPU first where it had one: "GPU NVIDIA H200; CPU Intel
+    Xeon, AMX, ...". A CUDA run's speed is the GPU's."""
+    cpu = f"{m.get('cpu')}" + (f", {m['cpu_kind']}" if m.get("cpu_kind") else "")
+    return f"GPU {m['gpu']}; CPU {cpu}" if m.get("gpu") else cpu
+
+
 def elsewhere(measured: dict[str, Any], machine: dict[str, Any]) -> bool:
     """Whether records (an entry of ``units_measured_on``) came from another machine or code than ``machine``."""
-    return any(measured.get(k) != machine.get(k) for k in ("cpu", "cpu_kind", "code"))
+    return any(measured.get(k) != machine.get(k) for k in ("cpu", "cpu_kind", "gpu", "code"))
 
 
 def measured_where(m: dict[str, Any]) -> str:
     """An entry of ``units_measured_on`` in words."""
-    return (f"{m['cpu']} ({m.get('cpu_kind') or 'kind not recorded'}), specdec {m.get('code') or 'version not recorded'}, "
+    return (f"{m['cpu']} ({m.get('cpu_kind') or 'kind not recorded'}){', GPU ' + m['gpu'] if m.get('gpu') else ''}, "
+            f"specdec {m.get('code') or 'version not recorded'}, "
             f"{m['records']} runs" + (f", {m['first'][:10]} to {m['last'][:10]}" if m.get("first") else ""))
 
 

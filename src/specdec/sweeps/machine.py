@@ -64,6 +64,11 @@ def cpu_kind(flags: set[str] | None = None) -> str:
     return ", ".join(specific or [have[0]])
 
 
+def gpu_model() -> str | None:
+    """The CUDA GPU's name (device 0), or None on a machine without one: a GPU run's speed is the GPU's."""
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def dtype_name(dtype: Any) -> str:
     """A torch dtype as reports name it: ``bfloat16``, ``float32``."""
     return str(dtype).replace("torch.", "")
@@ -73,7 +78,7 @@ def machine_info(dtype: str) -> dict[str, Any]:
     import transformers
 
     return {
-        **where_measured(),  # cpu, cpu kind, code, date
+        **where_measured(),  # cpu, cpu kind, gpu (where there is one), code, date
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # what OpenMP read when torch loaded it
@@ -107,20 +112,22 @@ def code_version() -> str:
 def where_measured() -> dict[str, Any]:
     """What a record names about the machine and the code that measured it (records of one sweep may come
     from several: Ray workers, or units of a stored sweep resumed on another day)."""
-    return {"cpu": cpu_model(), "cpu_kind": cpu_kind(), "code": code_version(),
+    gpu = gpu_model()
+    return {"cpu": cpu_model(), "cpu_kind": cpu_kind(), **({"gpu": gpu} if gpu else {}), "code": code_version(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def machines_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The distinct machines and code versions (cpu, cpu kind, code) of ``records`` (:func:`where_measured`),
-    with how many records each measured and the first and last date; records that name none count as not
-    recorded."""
-    seen: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    """The distinct machines and code versions (cpu, cpu kind, gpu where there was one, code) of ``records``
+    (:func:`where_measured`), with how many records each measured and the first and last date; records that
+    name none count as not recorded."""
+    seen: dict[tuple[Any, Any, Any, Any], dict[str, Any]] = {}
     for record in records:
         where = record.get("machine") or {}
-        key = (where.get("cpu"), where.get("cpu_kind"), where.get("code"))
-        entry = seen.setdefault(key, {"cpu": key[0] or "not recorded", "cpu_kind": key[1], "code": key[2],
-                                      "records": 0, "first": where.get("date"), "last": where.get("date")})
+        cpu, kind, gpu, code = key = (where.get("cpu"), where.get("cpu_kind"), where.get("gpu"), where.get("code"))
+        entry = seen.setdefault(key, {"cpu": cpu or "not recorded", "cpu_kind": kind, **({"gpu": gpu} if gpu else {}),
+                                      "code": code, "records": 0, "first": where.get("date"),
+                                      "last": where.get("date")})
         entry["records"] += 1
         if where.get("date"):
             entry["first"] = min(filter(None, (entry["first"], where["date"])))
