@@ -133,15 +133,22 @@ def test_prepare_steps_prepares_every_model_a_draft_runs(target, emulated_graphs
 
     model, m1, m2 = captured(target), captured(perturbed(target, 0.05)), captured(perturbed(target, 0.3, seed=4))
     other = captured(perturbed(target, 0.1, seed=6))
-    prepared = prepare_steps(model, [[m1, m2, "prompt-lookup"], "bigram", model], [3], len(PROMPT) + N_NEW + 1)
+    positions = len(PROMPT) + N_NEW + 1
+    prepared = prepare_steps(model, [[m1, m2, "prompt-lookup"], "bigram", model], [3], positions)
     assert prepared == [model, m1, m2]  # the target as its own draft is prepared once; a model no draft runs is not
-    every = [list(WIDTH_BUCKETS)]
-    assert (buckets(model), buckets(m1), buckets(m2), buckets(other)) == (every, every, every, [])
+    # the buckets up to each model's widest step: the target verifies 3 drafts after a token (4); each level of
+    # the hierarchy verifies the level below it (4); nothing wider is captured (with compile: compiled)
+    assert (buckets(model), buckets(m1), buckets(m2), buckets(other)) == ([[1, 2, 4]], [[1, 2, 4]], [[1, 2, 4]], [])
     before = [buckets(m) for m in (model, m1, m2)]
-    specdec.generate(model, PROMPT, draft=[m1, m2, "prompt-lookup"], gamma=3, max_new_tokens=N_NEW)
+    out = specdec.generate(model, PROMPT, draft=[m1, m2, "prompt-lookup"], gamma=3, max_new_tokens=N_NEW)
     assert [buckets(m) for m in (model, m1, m2)] == before  # the hierarchy's generation captured nothing more
+    assert out.token_ids == specdec.generate(static(target), PROMPT, max_new_tokens=N_NEW).token_ids
     plain = captured(target)
-    assert prepare_steps(plain, [], [3]) == [plain] and buckets(plain) == every
+    assert prepare_steps(plain, [], [3]) == [plain] and buckets(plain) == [[1]]  # plain decoding: one token a step
+    # a wider plan later prepares the model again, with every bucket up to its widest step (gamma 8: 9 -> 16)
+    assert prepare_steps(plain, ["prompt-lookup"], [8], positions) == [plain] and buckets(plain) == [[1, 2, 4, 8, 16]]
+    assert plain.prepare_steps(positions, 2) == [1, 2, 4, 8, 16]  # a narrower plan keeps what is captured
+    assert plain.prepare_steps(positions) == list(WIDTH_BUCKETS)  # no widest step named: every bucket
 
 
 def test_after_prepare_no_generation_captures_anything(emulated_graphs, monkeypatch):
@@ -166,7 +173,10 @@ def test_after_prepare_no_generation_captures_anything(emulated_graphs, monkeypa
     drafts = [close, [close, far, "prompt-lookup"], [close, "bigram"], bad, retokenized, "prompt-lookup"]
     positions = 200
     assert prepare_steps(target, drafts, [4], positions) == [target, close, far, bad, retokenized]
-    assert sorted(captures) == sorted(list(WIDTH_BUCKETS) * 5)
+    # the buckets up to each model's widest step at gamma 4: verifying 5 tokens (the target; close and far as
+    # levels that verify the level below), a model draft's 2, a retokenized draft's catch-up of 4
+    plan = {target: [1, 2, 4, 8], close: [1, 2, 4, 8], far: [1, 2, 4, 8], bad: [1, 2], retokenized: [1, 2, 4]}
+    assert sorted(captures) == sorted(b for buckets in plan.values() for b in buckets)
     captures.clear()
 
     long_prompt = (PROMPT * 12)[:90]  # longer than any prompt before
@@ -183,10 +193,10 @@ def test_after_prepare_no_generation_captures_anything(emulated_graphs, monkeypa
     assert any(k not in WIDTH_BUCKETS for k, _ in emulated_graphs)  # varying widths ran, padded into buckets
     out = specdec.generate(target, PROMPT, draft=close, gamma=4, max_new_tokens=positions)  # past the capacity
     assert out.token_ids == specdec.generate(eager, PROMPT, max_new_tokens=positions).token_ids
-    assert captures == []  # nothing was captured after prepare_steps
-    for model in (target, close, far, bad, retokenized):
+    assert captures == []  # nothing was captured after prepare_steps (steps wider than the plan ran eagerly)
+    for model, buckets in plan.items():
         graphed = [sorted(cache.graphs) for cache, _ in model._caches if cache.graphs]
-        assert graphed == [list(WIDTH_BUCKETS)], model.name  # one graph per bucket, on the one prepared cache
+        assert graphed == [buckets], model.name  # one graph per planned bucket, on the one prepared cache
         assert all(cache.capacity == positions + MAX_GRAPH_WIDTH for cache, _ in model._caches if cache.graphs)
 
 

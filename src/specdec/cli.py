@@ -239,14 +239,15 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
 def prepare_served_steps(target: Any, draft: Any, gamma: int | None, gamma_schedule: str | None,
                          max_gamma: int | None, max_positions: int | None = None) -> None:
     """Fix the capture plan of the served models before the server is ready (:func:`specdec.decoding.prepare_steps`):
-    caches of ``max_positions`` positions, every width bucket captured (and compiled), so that no request
-    captures anything."""
+    caches of ``max_positions`` positions and, since a request may ask for any gamma, every width bucket of the
+    target captured (and compiled), so that no request captures anything."""
     from specdec.config import GenerationConfig
     from specdec.decoding import prepare_steps
+    from specdec.models.graphs import MAX_GRAPH_WIDTH
 
     config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
     gammas = [config.gamma] + ([config.gamma_bound] if config.gamma_schedule != "constant" else [])
-    prepare_steps(target, [draft] if draft is not None else [], gammas, max_positions)
+    prepare_steps(target, [draft] if draft is not None else [], [*gammas, MAX_GRAPH_WIDTH - 1], max_positions)
 
 
 def draft_label(draft) -> str:

@@ -177,24 +177,28 @@ def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence
                   max_positions: int | None = None) -> list[LanguageModel]:
     """With CUDA graphs, fix the capture plan of the target and of every model that generations with
     ``drafts`` (each what ``generate(draft=...)`` takes; none: plain decoding) and these gammas run
-    (:meth:`LanguageModel.prepare_steps`: one cache capacity, ``max_positions``, and every width bucket
-    captured), so that no capture lands inside a timed or waited-for generation. Each drafter names the
-    models it runs (:meth:`~specdec.drafters.base.Drafter.step_widths`). Returns the models prepared."""
+    (:meth:`LanguageModel.prepare_steps`: one cache capacity, ``max_positions``, and the width buckets up
+    to each model's widest step captured), so that no capture lands inside a timed or waited-for
+    generation. The target's widest step verifies gamma drafts after one token (gamma + 1; plain
+    decoding: 1); each drafter names the models it runs and their widths
+    (:meth:`~specdec.drafters.base.Drafter.step_widths`). Returns the models prepared."""
     from specdec.models.graphs import MAX_GRAPH_WIDTH
 
-    models: dict[Any, None] = {target: None}
+    widest: dict[Any, int] = {target: 1}  # model -> its widest step
     for draft in drafts:
         plan = plan_draft(draft).load(target)  # its models load once, not once per gamma
         for gamma in gammas:
             drafter = plan.build(target, inner_gamma=gamma)
             if drafter is not None:
-                models.update(dict.fromkeys(drafter.step_widths(gamma)))
+                widest[target] = max(widest[target], gamma + 1)
+                for model, widths in drafter.step_widths(gamma).items():
+                    widest[model] = max([widest.get(model, 1), *widths])
     if target.cuda_graphs and drafts and max(gammas, default=0) + 1 > MAX_GRAPH_WIDTH:
         warnings.warn(f"gamma {max(gammas)} verifies {max(gammas) + 1} tokens, wider than the largest captured step "
                       f"({MAX_GRAPH_WIDTH}): those verifications run eagerly", RuntimeWarning, stacklevel=2)
-    prepared = [m for m in models if isinstance(m, LanguageModel)]
+    prepared = [m for m in widest if isinstance(m, LanguageModel)]
     for model in prepared:
-        model.prepare_steps(max_positions)
+        model.prepare_steps(max_positions, widest[model])
     return prepared
 
 

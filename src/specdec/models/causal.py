@@ -17,7 +17,7 @@ import torch
 from specdec.devices import module_device
 from specdec.errors import SpecDecError
 from specdec.models import graphs
-from specdec.models.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS, CapturedStep, compiled_step, static_step
+from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, buckets_up_to, compiled_step, static_step
 from specdec.models.kv_cache import cache_keyword
 from specdec.models.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
@@ -184,27 +184,30 @@ class LanguageModel:
         session_class = StaticSession if self.engine == "static" else DynamicSession
         return session_class(self, max_positions), list(prompt_ids)
 
-    def prepare_steps(self, max_positions: int | None = None) -> list[int]:
+    def prepare_steps(self, max_positions: int | None = None, max_width: int | None = None) -> list[int]:
         """Fix the capture plan now (:mod:`specdec.models.graphs`): every cache holds ``max_positions``
-        positions (default: the model's context) plus the widest padded step, and every width bucket is
-        captured (and with ``compile``, compiled), largest first into one memory pool. Later generations of
-        up to ``max_positions`` positions replay these graphs and capture nothing, so no capture (a
-        compilation takes tens of seconds) lands inside a timed or waited-for generation; a longer one
-        runs eagerly. Returns the captured buckets; a no-op without CUDA graphs."""
+        positions (default: the model's context) plus the widest padded step, and the width buckets up to
+        that of ``max_width``, the widest step the plan runs (default: every bucket), are captured (and with
+        ``compile``, compiled), largest first into one memory pool. Later generations of up to
+        ``max_positions`` positions replay these graphs and capture nothing, so no capture (a compilation
+        takes tens of seconds) lands inside a timed or waited-for generation; a longer one, or a wider
+        step, runs eagerly. Returns the captured buckets; a no-op without CUDA graphs."""
         if not self.cuda_graphs:
             return []
         positions = max_positions or self.max_context or MIN_CAPACITY
         capacity = positions + MAX_GRAPH_WIDTH
-        ready = [c for c, used in self._caches if c.prepared and c.capacity == capacity and c.graphs]
+        buckets = buckets_up_to(max_width)
+        ready = [c for c, used in self._caches
+                 if c.prepared and c.capacity == capacity and c.graphs and set(buckets) <= set(c.graphs)]
         if capacity == self.capacity and ready:
-            return sorted(ready[0].graphs)  # prepared already, for this capacity
+            return sorted(ready[0].graphs)  # prepared already, for this capacity and these widths
         self.capacity = capacity
         self._caches = [(c, used) for c, used in self._caches if used]  # free caches of another plan go
         session = StaticSession(self, positions)
         session.cache.prepared = False  # until every bucket is captured
         try:
             session.prefill([0])  # one position: steps run at positions >= 1 (the prefill is never captured)
-            for width in reversed(WIDTH_BUCKETS):  # largest first: the narrower graphs reuse its pool memory
+            for width in reversed(buckets):  # largest first: the narrower graphs reuse its pool memory
                 session.extend([0] * width, 1)
                 session.rollback(1)
             session.cache.prepared = True

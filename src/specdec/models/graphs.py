@@ -10,10 +10,10 @@ The capture plan (as in vLLM and gpt-fast): a fixed set of width buckets (``WIDT
 8, 16, 32). A step of w tokens runs in the narrowest bucket >= w (the extra tokens are padding: they
 write stale cache entries past the sequence, which the mask hides and later writes overwrite). A
 prepared model (:meth:`~specdec.models.causal.LanguageModel.prepare_steps`) fixes its cache capacity
-and captures every bucket, largest first, into one shared memory pool; after that nothing is ever
-captured in a generation: a step that has no graph (wider than the largest bucket, a long catch-up;
-a generation longer than the prepared capacity) runs eagerly. An unprepared model captures a bucket
-on its first use. The prefill always runs eagerly.
+and captures the buckets up to its widest planned step (every bucket unless told), largest first, into
+one shared memory pool; after that nothing is ever captured in a generation: a step that has no graph
+(wider than the plan, a long catch-up; a generation longer than the prepared capacity) runs eagerly. An
+unprepared model captures a bucket on its first use. The prefill always runs eagerly.
 
 Why not transformers' ``StaticCache`` with ``torch.compile(mode="reduce-overhead")``: its cache
 advances an internal length on every call (re-running a step at the same positions, which is
@@ -131,6 +131,15 @@ def memory_pool() -> Any:
 def bucket_for(width: int) -> int | None:
     """The narrowest bucket >= ``width`` (None: wider than every bucket, the step runs eagerly)."""
     return next((b for b in WIDTH_BUCKETS if b >= width), None)
+
+
+def buckets_up_to(width: int | None) -> tuple[int, ...]:
+    """The buckets a model captures when its widest step feeds ``width`` tokens: every bucket up to that
+    step's, so each narrower step keeps its own (None, or a step wider than every bucket: all of them).
+    With ``compile`` each bucket is an inductor compilation (about a minute for the 1.5B on an H100): the
+    plan of a draft at gamma 4 compiles 1, 2, 4, 8 for the target and 1, 2 for a model draft, not 12."""
+    top = bucket_for(width) if width is not None else None
+    return WIDTH_BUCKETS if top is None else tuple(b for b in WIDTH_BUCKETS if b <= top)
 
 
 # Compiled steps of all widths and models share one dynamo cache (that of static_step's code): one
