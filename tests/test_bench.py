@@ -167,14 +167,15 @@ def test_bench_prepares_every_step_width_before_timing(tiny_pair, prompts_file, 
 
     target, draft = tiny_pair
     asked = []
-    monkeypatch.setattr(LanguageModel, "prepare_steps", lambda self, positions=None:
-                        asked.append((self.name, positions)) or [])
+    monkeypatch.setattr(LanguageModel, "prepare_steps", lambda self, positions=None, max_width=None:
+                        asked.append((self.name, positions, max_width)) or [])
     args = parse("--prompts-file", str(prompts_file), "--n-prompts", "2", "--max-new-tokens", "6",
                  "--methods", "specdec-plain,specdec-spec", "--gammas", "2,5", "--warmup", "0")
     bench.run(args, target=target, draft=draft, progress=False)
     prompts = [target.encode(json.loads(line)["prompt"]) for line in prompts_file.read_text().splitlines()[:2]]
     positions = max(map(len, prompts)) + 6 + 1
-    assert asked == [(target.name, positions), (draft.name, positions)]  # every model a run uses, one capacity
+    # every model a run uses, one capacity, up to its widest step: the target verifies 5 drafts after a token
+    assert asked == [(target.name, positions, 6), (draft.name, positions, 2)]
 
 
 def test_prompt_lookup_draft_name(tiny_pair, prompts_file):
