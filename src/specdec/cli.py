@@ -236,18 +236,15 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     return target, draft
 
 
-def prepare_served_steps(target: Any, draft: Any, gamma: int | None, gamma_schedule: str | None,
-                         max_gamma: int | None, max_positions: int | None = None) -> None:
+def prepare_served_steps(target: Any, draft: Any, max_positions: int | None = None) -> None:
     """Fix the capture plan of the served models before the server is ready (:func:`specdec.decoding.prepare_steps`):
-    caches of ``max_positions`` positions and, since a request may ask for any gamma, every width bucket of the
-    target captured (and compiled), so that no request captures anything."""
-    from specdec.config import GenerationConfig
+    caches of ``max_positions`` positions, and the steps of the widest gamma a graph can verify (every width
+    bucket of the target: a request may ask for any gamma) captured and, with ``compile``, compiled, so that
+    no request captures anything."""
     from specdec.decoding import prepare_steps
     from specdec.models.graphs import MAX_GRAPH_WIDTH
 
-    config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
-    gammas = [config.gamma] + ([config.gamma_bound] if config.gamma_schedule != "constant" else [])
-    prepare_steps(target, [draft] if draft is not None else [], [*gammas, MAX_GRAPH_WIDTH - 1], max_positions)
+    prepare_steps(target, [draft] if draft is not None else [], [MAX_GRAPH_WIDTH - 1], max_positions)
 
 
 def draft_label(draft) -> str:
@@ -373,7 +370,7 @@ def load_served(args: argparse.Namespace) -> Any:
         engine = batch_engine(target, draft, args.max_batch, args.max_positions, *speculation(None, None),
                               args.max_gamma)
     else:
-        prepare_served_steps(target, draft, *speculation(None, None), args.max_gamma, args.max_positions)
+        prepare_served_steps(target, draft, args.max_positions)
     return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
                         speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
                         timeout=args.timeout, engine=engine)

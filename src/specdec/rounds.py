@@ -77,10 +77,9 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
         proposal, draft_calls = Draft.empty(pending.device), 0
     t1 = clock.mark()
     g = len(proposal)
-    if carried is None:
-        logits = session.extend(torch.cat([pending, proposal.tokens]), g + 1)  # [g + 1, V]
-    else:  # the last position's logits came with the pass that cached it
-        logits = with_carried(carried, session.extend(proposal.tokens, g) if g else None)  # [g + 1, V]
+    fed = torch.cat([pending, proposal.tokens])  # [m + g]
+    wanted = g + (carried is None)  # the last pending token's logits and the drafts'; carried holds the former
+    logits = with_carried(carried, session.extend(fed, wanted) if len(fed) else None)  # [g + 1, V]
     if width is not None:
         logits = fit_width(logits, width)
     result = verify(logits, proposal.tokens, proposal.q, sampling, generator, lenience, verification)
