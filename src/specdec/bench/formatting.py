@@ -22,6 +22,12 @@ def fmt(x: Any, spec: str) -> str:
     return MISSING if x is None else format(x, spec)
 
 
+def ms(seconds: float) -> str:
+    """A step time in milliseconds to three significant figures or more (a CPU's 206 ms, a GPU's 2.43 ms)."""
+    value = seconds * MS_PER_S
+    return format(value, ".0f" if value >= 100 else ".1f" if value >= 10 else ".2f")
+
+
 def short(x: float) -> str:
     """A number in its shortest form (``format(x, "g")``: 0, 0.5, 1): temperatures, lenience, keys."""
     return format(x, "g")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.sweeps.machine import GB
-from specdec.bench.formatting import MISSING, MS_PER_S, fmt, short
+from specdec.bench.formatting import MISSING, MS_PER_S, fmt, ms, short
 
 
 def table(result: dict[str, Any]) -> str:
@@ -68,9 +68,9 @@ def table(result: dict[str, Any]) -> str:
     if costs:
         k = costs["verify_tokens"]
         notes.append(
-            f"direct step costs (median): target 1 token {costs['target_k1_s'] * MS_PER_S:.0f} ms, {k} tokens "
-            f"{costs[f'target_k{k}_s'] * MS_PER_S:.0f} ms ({costs['verify_cost_ratio']:.2f}x)"
-            + (f"; draft 1 token {costs['draft_k1_s'] * MS_PER_S:.0f} ms, c = {costs['c_direct']:.3f}" if "c_direct" in costs else "")
+            f"direct step costs (median): target 1 token {ms(costs['target_k1_s'])} ms, {k} tokens "
+            f"{ms(costs[f'target_k{k}_s'])} ms ({costs['verify_cost_ratio']:.2f}x)"
+            + (f"; draft 1 token {ms(costs['draft_k1_s'])} ms, c = {costs['c_direct']:.3f}" if "c_direct" in costs else "")
         )
     for key, label in (("specdec_spec_vs_plain", "specdec-spec tokens == specdec-plain"),
                        ("hf_plain_vs_specdec_plain", "hf-plain tokens == specdec-plain"),
@@ -174,13 +174,13 @@ def grid_markdown(result: dict[str, Any]) -> str:
                          + ", ".join(f"{k} {v:.0%}" for k, v in split.items() if v is not None))
     costs = result.get("costs")
     if costs:
-        parts = [f"target 1 token {costs['target_k1_s'] * MS_PER_S:.0f} ms"]
+        parts = [f"target 1 token {ms(costs['target_k1_s'])} ms"]
         for g, k in costs["verify_tokens"].items():
-            parts.append(f"{k} tokens {costs['target_s'][str(k)] * MS_PER_S:.0f} ms ({costs['verify_cost_ratio'][g]:.2f}x)")
+            parts.append(f"{k} tokens {ms(costs['target_s'][str(k)])} ms ({costs['verify_cost_ratio'][g]:.2f}x)")
         for spec_name, entry in costs["drafts"].items():
             if entry["models"]:
                 parts.append(f"draft {spec_name}: " + ", ".join(
-                    f"{m} {t * MS_PER_S:.0f} ms (c {c:.3f})" for m, t, c in zip(entry["models"], entry["k1_s"], entry["c_levels"])))
+                    f"{m} {ms(t)} ms (c {c:.3f})" for m, t, c in zip(entry["models"], entry["k1_s"], entry["c_levels"])))
         lines += ["", "Direct step costs (median of single cached forward passes): " + "; ".join(parts)]
     lines += machine_lines(result)
     for name, why in result.get("skipped", {}).items():
