@@ -32,6 +32,7 @@ import time
 import torch
 
 import specdec
+from specdec.drafters.spec import parse_spec
 from specdec.models.batch_session import BatchSession
 from specdec.sweeps.machine import where_measured
 from specdec.tasks import load_humaneval
@@ -51,9 +52,12 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     lengths = [int(n) for n in args.max_tokens.split(",")]
 
+    levels = parse_spec(args.draft)  # the draft spec's own grammar: NAME[:QUANT]
+    if len(levels) != 1:
+        parser.error(f"--draft: one model, as the batched server drafts with; got the hierarchy {args.draft!r}")
+
     target = specdec.load(args.target, quantize=args.quantize)
-    draft_name, _, draft_quantize = args.draft.partition(":")
-    draft = specdec.load(draft_name, quantize=draft_quantize or None)
+    draft = specdec.load(levels[0].name, quantize=levels[0].quantize)
     prompts = [target.encode(p.text) for p in load_humaneval(max(args.prompts, args.rows))]
 
     # P: the target's prefill of each prompt alone (what a joining row costs the batch)
