@@ -99,6 +99,61 @@ def test_the_per_pass_scale_breaks_block_invariance():
     assert torch.allclose(steps, block, atol=0.5)  # the same model, only rounded differently
 
 
+
+def test_int8_decoding_passes_run_serial_outside_the_kernels(monkeypatch):
+    """Where OpenMP's threads sleep, a decoding pass of an int8 model runs its small ops on one thread and its
+    int8 kernels on the caller's threads; a prefill wider than SERIAL_WIDTH keeps them all. The logits are
+    the same bits either way, and the threads come back when a pass raises."""
+    from specdec.models import threads
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    torch.set_num_threads(2)
+    model = int8_tiny("qwen2")
+    seen: dict[str, list[int]] = {"ops": [], "kernels": []}
+    model.hf_model.model.norm.register_forward_hook(lambda *a: seen["ops"].append(torch.get_num_threads()))
+    kernel = torch.ops.quantized.linear_dynamic
+
+    def spy(*args):
+        seen["kernels"].append(torch.get_num_threads())
+        return kernel(*args)
+
+    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", spy, raising=False)
+    seq = SEQ + SEQ[1:] + SEQ[1:]  # 121 tokens
+    session, _ = model.start(seq, len(seq) + 8)
+    for ids, wide in ((seq[:threads.SERIAL_WIDTH + 6], True), (seq[70:71], False), (seq[71:76], False)):
+        seen["ops"].clear()
+        seen["kernels"].clear()
+        session.extend(ids, 1) if session.length else session.prefill(ids)
+        assert seen["ops"] == [2 if wide else 1] and set(seen["kernels"]) == {2}, (len(ids), seen)
+        assert torch.get_num_threads() == 2 and threads.kernel_threads() is None
+    session.close()
+
+    serial = steps_and_block(model, SEQ, 9, 6)
+    monkeypatch.setattr(threads, "SERIAL_WIDTH", 0)  # every pass as torch runs it
+    parallel = steps_and_block(model, SEQ, 9, 6)
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel))
+    monkeypatch.undo()
+
+    def fail(*args):
+        raise RuntimeError("a layer failed")
+
+    hook = model.hf_model.model.layers[0].register_forward_hook(fail)
+    torch.set_num_threads(2)
+    with pytest.raises(RuntimeError, match="a layer failed"):
+        steps_and_block(model, SEQ, 9, 2)
+    assert torch.get_num_threads() == 2 and threads.kernel_threads() is None
+    hook.remove()
+
+
+def test_spinning_threads_keep_torchs_threading(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    torch.set_num_threads(2)
+    model = int8_tiny("qwen2")
+    seen = []
+    model.hf_model.model.norm.register_forward_hook(lambda *a: seen.append(torch.get_num_threads()))
+    steps_and_block(model, SEQ, 9, 2)
+    assert seen and set(seen) == {2}
+
 @pytest.mark.parametrize("engine", ["dynamic", "static"])
 def test_row_attention_is_the_models_attention(engine):
     """The rows computed one by one equal transformers' SDPA attention over the block (to float rounding),

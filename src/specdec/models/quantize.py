@@ -32,6 +32,7 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from specdec.errors import SpecDecError
+from specdec.models import threads
 
 METHODS = {
     # name: weight observer granularity
@@ -74,6 +75,7 @@ def mark_quantized(model, method: str) -> None:
     model.name = f"{model.name}+{method}"
     model.block_invariant = all(not isinstance(m, DynamicLinear) for m in model.hf_model.modules())
     model.configure(model.engine, model.cuda_graphs, model.compile)  # installs the row attention
+    threads.install(model.hf_model)  # short passes: only the int8 kernels in parallel
 
 
 # ------------------------------------------------------------------------------------------------
@@ -237,7 +239,8 @@ class Int8Linear(torch.nn.Module):
         if not self.pinned:
             return self._per_pass(x2).reshape(*shape[:-1], self.out_features)
         buf, scale = _workspaces.normalized(x2, self.in_features, self.width)  # [M, K + pad], [M, 1]
-        y = torch.ops.quantized.linear_dynamic(buf, self._packed, True)  # [M, N], reduce_range as torch's
+        with threads.parallel_kernel():
+            y = torch.ops.quantized.linear_dynamic(buf, self._packed, True)  # [M, N], reduce_range as torch's
         y.mul_(scale)
         if self.bias is not None:
             y.add_(self.bias)
@@ -250,7 +253,8 @@ class Int8Linear(torch.nn.Module):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self._plain = torch.ops.quantized.linear_prepack(_contiguous_q(qweight), None)
-        y = torch.ops.quantized.linear_dynamic(x2, self._plain, True)
+        with threads.parallel_kernel():
+            y = torch.ops.quantized.linear_dynamic(x2, self._plain, True)
         return y.add_(self.bias) if self.bias is not None else y
 
     def extra_repr(self) -> str:
