@@ -1,3 +1,4 @@
+"""Run: OMP_WAIT_POLICY=PASSIVE .venv/bin/python generate_ab.py (and =ACTIVE for the reference); README, "Where the threads sleep anyway"."""
 import os
 import torch  # first, as many programs do: specdec then leaves OMP_WAIT_POLICY alone
 import time

@@ -1,3 +1,4 @@
+"""Run: OMP_WAIT_POLICY=PASSIVE .venv/bin/python generate_batch_ab.py (and =ACTIVE for the reference); README, "Where the threads sleep anyway"."""
 import os
 import torch
 import time

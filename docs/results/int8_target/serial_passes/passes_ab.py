@@ -1,3 +1,4 @@
+"""Run: OMP_WAIT_POLICY=PASSIVE .venv/bin/python passes_ab.py (and =ACTIVE for the reference); README, "Where the threads sleep anyway"."""
 import specdec, sys, torch, time, statistics, os; print("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY"))
 from specdec.models.batch_session import BatchSession
 from specdec.models import threads
