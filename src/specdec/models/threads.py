@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -46,18 +46,26 @@ def kernel_threads() -> int | None:
     return getattr(_state, "threads", None)
 
 
-@contextlib.contextmanager
-def parallel_kernel() -> Iterator[None]:
+class _Borrowed:
+    """The caller's threads for one kernel call inside a serial pass."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    def __enter__(self) -> None:
+        torch.set_num_threads(self.threads)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.set_num_threads(1)
+
+
+_UNCHANGED = contextlib.nullcontext()  # outside a serial pass (every int8 kernel call pays only this)
+
+
+def parallel_kernel() -> contextlib.AbstractContextManager:
     """Inside a serial pass: run the enclosed kernel with the caller's threads; elsewhere: nothing changes."""
     threads = kernel_threads()
-    if threads is None:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(1)
+    return _UNCHANGED if threads is None else _Borrowed(threads)
 
 
 def _width(args: tuple, kwargs: dict) -> int | None:
