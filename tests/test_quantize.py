@@ -10,6 +10,7 @@ import specdec
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
 from test_distribution import V, exact_joint, sampled_joint
+from specdec.models import int8_kernels
 from specdec.models.quantize import Int8Linear
 from tiny import load_tiny, perturbed, tiny_gemma3
 
@@ -44,6 +45,18 @@ def test_quantized_draft_keeps_the_distribution():
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
 
 
+KERNELS = int8_kernels.available()  # each kernel this machine can run is tested
+
+
+@pytest.fixture
+def kernel(request):
+    """Int8 layers built inside the test run ``request.param``'s kernel; the process's choice is restored after."""
+    before = int8_kernels._chosen
+    int8_kernels.use(request.param)
+    yield request.param
+    int8_kernels._chosen = before
+
+
 def int8_tiny(kind):
     if kind == "gemma3":  # sliding window 6: the prefixes below reach past it
         return quantized_copy(tiny_gemma3(eos=None))
@@ -73,12 +86,14 @@ def steps_and_block(model, seq, prefix, k, engine="dynamic"):
 SEQ = [1] + [4 + (7 * i) % 90 for i in range(40)]
 
 
+@pytest.mark.parametrize("kernel", KERNELS, indirect=True)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", ["qwen2", "llama", "gemma3"])
-def test_int8_block_equals_one_token_steps_bit_for_bit(kind, threads):
+def test_int8_block_equals_one_token_steps_bit_for_bit(kind, threads, kernel):
     torch.set_num_threads(threads)
     model = int8_tiny(kind)
     assert model.block_invariant
+    assert {m.kernel for m in model.hf_model.modules() if isinstance(m, Int8Linear)} == {kernel}
     for engine in ("dynamic", "static"):
         for prefix in (3, 9, 17):  # gemma3: past its sliding window of 6
             for k in range(2, 10):
@@ -86,8 +101,9 @@ def test_int8_block_equals_one_token_steps_bit_for_bit(kind, threads):
                 assert torch.equal(steps, block), (engine, prefix, k, (steps - block).abs().max().item())
 
 
-def test_the_per_pass_scale_breaks_block_invariance():
-    """The planted bug: torch's per-pass activation scale in place of the pinned range (same weights)."""
+@pytest.mark.parametrize("kernel", KERNELS, indirect=True)
+def test_the_per_pass_scale_breaks_block_invariance(kernel):
+    """The planted bug: one activation scale per pass in place of the row's own (same weights, same kernel)."""
     model = int8_tiny("qwen2")
     steps, block = steps_and_block(model, SEQ, 9, 6)
     assert torch.equal(steps, block)
@@ -199,7 +215,8 @@ def test_int8_target_beam_search_exact_speculative_equals_plain():
     assert spec.token_ids == plain.token_ids and spec.stats.exact
 
 
-def test_int8_layer_is_close_to_the_float_layer_and_row_independent():
+@pytest.mark.parametrize("kernel", KERNELS, indirect=True)
+def test_int8_layer_is_close_to_the_float_layer_and_row_independent(kernel):
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, 80, generator=g) * 0.05, torch.randn(96, generator=g)
     layer = Int8Linear.from_float(weight, bias)
@@ -212,12 +229,51 @@ def test_int8_layer_is_close_to_the_float_layer_and_row_independent():
     for i in range(0, 37, 6):
         assert torch.equal(layer(x[i: i + 1]), y[i: i + 1])
     assert torch.equal(layer(x.view(1, 37, 80))[0], y)  # any leading shape
-    assert torch.equal(layer.weight().int_repr(), torch.ops.quantized.linear_unpack(
-        layer._packed)[0].int_repr()[:, :80])
+    # the packed weight gives back the quantized weight it was made from, ints and scales
+    qweight = torch.quantize_per_channel(weight, layer.weight().q_per_channel_scales(),
+                                         torch.zeros(96, dtype=torch.long), 0, torch.qint8)
+    assert torch.equal(layer.weight().int_repr(), qweight.int_repr())
+    assert torch.equal(layer.weight().q_per_channel_scales(), qweight.q_per_channel_scales())
 
 
+def test_onednn_rows_are_the_exact_integer_product():
+    """The oneDNN kernel on rows quantized to round(127 x / max|x|): the int32 product, scaled per element."""
+    if "onednn" not in KERNELS:
+        pytest.skip("this torch build has no oneDNN int8 kernel")
+    g = torch.Generator().manual_seed(1)
+    qweight = _int8_weight(64, 200, seed=1)
+    packed = int8_kernels.OnednnWeight(qweight)
+    x = torch.randn(5, 200, generator=g)
+    scale = x.abs().amax(dim=1, keepdim=True)
+    xq = torch.round(x * (127.0 / scale))
+    acc = (xq.long() @ qweight.int_repr().long().T).float()  # exact in float32 here (|acc| < 2^24)
+    expected = acc * (qweight.q_per_channel_scales().float() / 127) * scale
+    assert torch.allclose(packed.rows(x), expected, rtol=1e-6, atol=0)
+    assert torch.equal(packed.qweight().int_repr(), qweight.int_repr())
+
+
+def test_the_kernel_is_chosen_once_and_checked(monkeypatch):
+    before = int8_kernels._chosen
+    try:
+        monkeypatch.setenv(int8_kernels.ENV, "cublas")
+        int8_kernels._chosen = None
+        with pytest.raises(specdec.SpecDecError, match="unknown int8 kernel 'cublas' .*use one of: onednn, fbgemm"):
+            int8_kernels.chosen()
+        monkeypatch.setenv(int8_kernels.ENV, KERNELS[-1])
+        int8_kernels._chosen = None
+        assert int8_kernels.chosen() == KERNELS[-1]
+        monkeypatch.setenv(int8_kernels.ENV, KERNELS[0])  # read once: a later change does not switch it
+        assert int8_kernels.chosen() == KERNELS[-1]
+        monkeypatch.delenv(int8_kernels.ENV)
+        int8_kernels._chosen = None
+        assert int8_kernels.chosen() == int8_kernels.DEFAULT_BY_CPU[int8_kernels.cpu_kind()]
+    finally:
+        int8_kernels._chosen = before
+
+
+@pytest.mark.parametrize("kernel", KERNELS, indirect=True)
 @pytest.mark.parametrize("draft", ["prompt-lookup", "perturbed", "hierarchy"])
-def test_int8_target_speculative_equals_its_plain_decoding(draft):
+def test_int8_target_speculative_equals_its_plain_decoding(draft, kernel):
     base = load_tiny("qwen2", eos=None, hidden=128)
     target = quantized_copy(base)
     drafts = {"prompt-lookup": "prompt-lookup", "perturbed": quantized_copy(perturbed(base, 0.05)),

@@ -32,7 +32,7 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from specdec.errors import SpecDecError
-from specdec.models import threads
+from specdec.models import int8_kernels, threads
 
 METHODS = {
     # name: weight observer granularity
@@ -155,8 +155,9 @@ def _version(x: torch.Tensor) -> int:
 class Int8Linear(torch.nn.Module):
     """A block-invariant dynamic int8 linear layer (see the module docstring).
 
-    The weight (qint8, per channel or per tensor) is packed for fbgemm with the pinned columns' zero
-    weights appended, on a background thread (packing releases the GIL and is most of an int8 load's
+    Its kernel is the process's (:func:`specdec.models.int8_kernels.chosen`): oneDNN's int8 GEMM on rows
+    that specdec quantizes itself, or fbgemm as described above. For fbgemm the weight (qint8, per channel
+    or per tensor) is packed with the pinned columns' zero weights appended, on a background thread (packing releases the GIL and is most of an int8 load's
     time); every use waits for the packing first. ``pinned=False`` runs torch's own per-pass kernel on
     the same weights instead (not block-invariant: for tests and measurements).
     """
@@ -166,7 +167,8 @@ class Int8Linear(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.width = padded_width(in_features)
+        self.kernel = int8_kernels.chosen()  # the process's kernel (specdec.models.int8_kernels), fixed
+        self.width = padded_width(in_features) if self.kernel == "fbgemm" else in_features
         self.register_buffer("bias", bias.detach().float().contiguous() if bias is not None else None)
         self.pinned = True
         self._packed = None  # fbgemm's packed [out, width] weight
@@ -207,6 +209,8 @@ class Int8Linear(torch.nn.Module):
     def _pack(self, qweight: torch.Tensor):
         if not isinstance(qweight, torch.Tensor) or not qweight.is_quantized:
             raise SpecDecError(f"Int8Linear takes a qint8 weight, got {getattr(qweight, 'dtype', type(qweight))}")
+        if self.kernel == "onednn":
+            return int8_kernels.OnednnWeight(qweight)
         pad = self.width - self.in_features
         padded = _with_ints(qweight, torch.nn.functional.pad(qweight.int_repr(), (0, pad)))  # [out, width]
         with warnings.catch_warnings():
@@ -222,6 +226,8 @@ class Int8Linear(torch.nn.Module):
     def weight(self) -> torch.Tensor:
         """The quantized weight [out, in] (qint8), without the pinned columns."""
         self.wait_packed()
+        if self.kernel == "onednn":
+            return self._packed.qweight()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
@@ -236,6 +242,12 @@ class Int8Linear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if x2.dtype != torch.float32:
             x2 = x2.float()
+        if self.kernel == "onednn":  # rows quantized by specdec: block-invariant (per_pass: not)
+            with threads.parallel_kernel():
+                y = self._packed.rows(x2, per_pass=not self.pinned)  # [M, N]
+            if self.bias is not None:
+                y.add_(self.bias)
+            return y.reshape(*shape[:-1], self.out_features)
         if not self.pinned:
             return self._per_pass(x2).reshape(*shape[:-1], self.out_features)
         buf, scale = _workspaces.normalized(x2, self.in_features, self.width)  # [M, K + pad], [M, 1]
@@ -272,7 +284,7 @@ def _per_channel(qweight: torch.Tensor) -> bool:
     return qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
 
 
-def _with_ints(qweight: torch.Tensor, ints: torch.Tensor) -> torch.Tensor:
+def _with_ints(qweight: torch.Tensor, ints: torch.Tensor) -> torch.Tensor:  # (fbgemm's packing)
     """A qint8 tensor of the int8 values ``ints`` [out, any width] with ``qweight``'s scales and zero points
     (one per output row, or one for the tensor)."""
     with warnings.catch_warnings():
@@ -312,6 +324,10 @@ class Int8Slice(Int8Linear):
     @property
     def pinned(self) -> bool:
         return self.fused.layer.pinned
+
+    @property
+    def kernel(self) -> str:
+        return self.fused.layer.kernel
 
     @pinned.setter
     def pinned(self, value: bool) -> None:

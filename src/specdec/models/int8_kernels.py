@@ -1,0 +1,162 @@
+"""The int8 matrix kernel under :class:`~specdec.models.quantize.Int8Linear`: one per process, chosen per CPU.
+
+Both kernels take activation rows already divided by their largest absolute value (so every row spans
+[-1, 1] whatever else shares the pass), multiply them by the int8 weight with exact int32 accumulation,
+and scale each output element on its own. An output row therefore depends on its own input row only, bit
+for bit, which is what makes the int8 target block-invariant (k one-token steps = one k-token pass).
+
+- ``onednn``: oneDNN's prepacked int8 GEMM (``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``,
+  the kernel that Inductor's x86 int8 lowering calls). specdec quantizes each row itself, symmetric 8 bits:
+  ``round(127 x / max|x|)``. oneDNN runs it on AMX tiles where the CPU has them, AVX-512 VNNI or AVX2
+  elsewhere. No quantized tensors: it does not depend on torch's deprecated ``torch.ao`` quantized API.
+- ``fbgemm``: torch's dynamic int8 (``quantized.linear_dynamic``) with two pinned columns (+1, -1) that
+  fix the quantization range of every row; 7-bit activations (``reduce_range``). Needs torch's
+  quantized-tensor API (deprecated in torch 2.13, still present).
+
+The two compute different bits (8 against 7 bits per activation), so the choice is made once per process
+(:func:`chosen`), before the first int8 layer is built, and never changes: plain and speculative decoding
+of one process run the same kernel. ``SPECDEC_INT8_KERNEL=onednn|fbgemm`` overrides the choice; the default
+per CPU kind is :data:`DEFAULT_BY_CPU` (measured: docs/int8_kernels.md).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from specdec.errors import SpecDecError
+
+KERNELS = ("onednn", "fbgemm")
+ENV = "SPECDEC_INT8_KERNEL"
+#: The kernel each CPU kind runs by default. On the AMX Xeon (2 threads, weights streamed from memory, the
+#: 1.5B's layer shapes) fbgemm was faster for every width a decoding pass has (1-8 rows): oneDNN's AMX GEMM
+#: is flat in the rows but streams the weight at about half fbgemm's rate (docs/int8_kernels.md). The other
+#: kinds keep fbgemm until measured there; where fbgemm is missing (torch builds without it), oneDNN runs.
+DEFAULT_BY_CPU = {"AMX": "fbgemm", "AVX-512 BF16": "fbgemm", "AVX-512": "fbgemm", "AVX2 only": "fbgemm"}
+
+_chosen: str | None = None
+
+
+def available() -> list[str]:
+    """The kernels this torch build and CPU can run."""
+    out = []
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise"):
+        out.append("onednn")
+    if "fbgemm" in torch.backends.quantized.supported_engines:
+        out.append("fbgemm")
+    return out
+
+
+def cpu_kind() -> str:
+    """This CPU's kind as the records name it: AMX, AVX-512 BF16, AVX-512 or AVX2 only."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    names = set(flags.split())
+    if "amx_int8" in names or "amx_tile" in names:
+        return "AMX"
+    if "avx512_bf16" in names:
+        return "AVX-512 BF16"
+    if "avx512f" in names:
+        return "AVX-512"
+    return "AVX2 only"
+
+
+def check_kernel(name: str) -> str:
+    if name not in KERNELS:
+        raise SpecDecError(f"unknown int8 kernel {name!r} (from {ENV} or kernel=); use one of: {', '.join(KERNELS)}")
+    if name not in available():
+        raise SpecDecError(f"the int8 kernel {name!r} is not available in this torch build or on this CPU "
+                           f"(available: {', '.join(available()) or 'none'}); unset {ENV} to use the default")
+    return name
+
+
+def chosen() -> str:
+    """The process's int8 kernel: ``SPECDEC_INT8_KERNEL`` if set, else the CPU kind's default (the first
+    available kernel where that one is not). Decided on the first call, then fixed."""
+    global _chosen
+    if _chosen is None:
+        asked = os.environ.get(ENV, "").strip().lower()
+        if asked:
+            _chosen = check_kernel(asked)
+        else:
+            have = available()
+            if not have:
+                raise SpecDecError("this torch build has no int8 CPU kernel (neither oneDNN nor fbgemm); load the "
+                                   "model without quantize=")
+            preferred = DEFAULT_BY_CPU.get(cpu_kind(), "onednn")
+            _chosen = preferred if preferred in have else have[0]
+    return _chosen
+
+
+def use(name: str) -> None:
+    """Fix the process's kernel to ``name`` (tests and measurements; before any int8 layer is built: layers
+    already built keep the kernel they were packed for)."""
+    global _chosen
+    _chosen = check_kernel(name)
+
+
+#: An activation row divided by its largest absolute value is quantized as round(QMAX * x): symmetric int8.
+QMAX = 127.0
+
+
+#: The smallest row scale (an all-zero row then stays zero instead of becoming NaN).
+_TINY = torch.finfo(torch.float32).tiny
+
+
+class OnednnWeight:
+    """A qint8 weight [out, in] (symmetric: zero points 0), packed for oneDNN's int8 GEMM with its scales."""
+
+    kernel = "onednn"
+
+    def __init__(self, qweight: torch.Tensor):
+        self.out_features, self.in_features = qweight.shape
+        self.per_channel = qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+        zero_points = qweight.q_per_channel_zero_points() if self.per_channel else torch.tensor([qweight.q_zero_point()])
+        if bool(zero_points.ne(0).any()):
+            raise SpecDecError("the oneDNN int8 kernel takes symmetric weights (zero points 0); use "
+                               f"{ENV}=fbgemm for this model")
+        scales = qweight.q_per_channel_scales() if self.per_channel else torch.tensor([qweight.q_scale()])
+        self.scales = scales.to(torch.float32).expand(self.out_features).contiguous()  # [N]
+        self._scales64 = scales.to(torch.float64)  # as stored (the qint8 weight given back)
+        self.scales_per_q = self.scales / QMAX  # [N]: a quantized row's unit is 1 / QMAX
+        self._ones = torch.ones(self.out_features)
+        self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
+        self.packed = torch.ops.onednn.qlinear_prepack(qweight.int_repr().contiguous(), None)  # [K, N] blocked
+
+    def qweight(self) -> torch.Tensor:
+        """The qint8 weight [out, in] back (oneDNN keeps its ints as [in, out] in a layout of its own)."""
+        ints = self.packed.to_dense().t().contiguous()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
+            if self.per_channel:
+                return torch._make_per_channel_quantized_tensor(ints, self._scales64,
+                                                                torch.zeros_like(self.zero_points), 0)
+            return torch._make_per_tensor_quantized_tensor(ints, float(self._scales64[0]), 0)
+
+    def rows(self, x2: torch.Tensor, per_pass: bool = False) -> torch.Tensor:
+        """x2 [M, K] float32 -> [M, N] float32, without bias. Each row is divided by its largest absolute value
+        and quantized to round(127 x): every element of a row's output is then a function of that row alone
+        (exact int32 products, elementwise scales). ``per_pass``: one scale for the whole pass instead (not
+        block-invariant; for measurements)."""
+        if per_pass:
+            scale = x2.abs().amax().clamp_min(_TINY).reshape(1, 1)  # [1, 1]
+        else:
+            scale = x2.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)  # [M, 1]
+        xq = torch.round(x2 * (QMAX / scale)).to(torch.int8)  # [M, K], |values| <= 127
+        # Unit scales: oneDNN only converts the int32 products to float32 (a rounding that depends on the
+        # product alone); its own scaling epilogue differs with the number of rows in the last bit
+        # (measured), so the scales are applied here, elementwise.
+        y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 0, self.packed, self._ones, self.zero_points,
+                                               None, 1.0, 0, torch.float32, "none", [], "")  # [M, N]
+        y.mul_(self.scales_per_q)
+        return y.mul_(scale)
+
