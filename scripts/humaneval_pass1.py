@@ -3,6 +3,10 @@
     python scripts/humaneval_pass1.py                                # Qwen2.5-Coder 1.5B, bf16 vs int8, 20 problems
     python scripts/humaneval_pass1.py --n-problems 40 --json docs/results/humaneval_int8_target.json
     python scripts/humaneval_pass1.py --configs int8 --n-problems 164 --compare-with OLD.json  # bf16 from OLD
+    python scripts/humaneval_pass1.py --configs q4km --n-problems 164 --compare-with OLD.json  # llama.cpp's Q4_K_M
+
+Each pair of configurations is compared on the paired problems: identical completions, problems passed by
+one only (the discordant pairs) and McNemar's exact p on them.
 
 Issue 7 asks how far the opt-in quantized target is from the original. Alpha and greedy agreement
 (docs/results/alpha_int8_target.json) measure distance; this measures what a user of a code model cares
@@ -29,11 +33,46 @@ CONFIGS = {
     # the tokens: the int8 target is block-invariant)
     "bf16": (None, "draft"),
     "int8": ("int8", "int8_draft"),
+    # llama.cpp's plain greedy decoding of the same preset's packaged GGUF (Q4_K_M): what CPU users already run
+    "q4km": ("llama-cpp", None),
 }
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """McNemar's exact test (two-sided) on b and c discordant pairs: the binomial test of min(b, c) in b + c
+    trials at 1/2."""
+    import math
+
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def run_llama_cpp(args: argparse.Namespace, problems) -> dict:
+    """Greedy completions by llama.cpp from the preset's GGUF (temperature 0, the same stops and budget)."""
+    from specdec.models.llama_cpp import load_llama_cpp, target_gguf
+
+    llm = load_llama_cpp(target_gguf(args.target), n_ctx=2048, threads=args.threads)
+    rows, t_all = [], time.perf_counter()
+    for i, problem in enumerate(problems, 1):
+        t = time.perf_counter()
+        out = llm.create_completion(problem.text, max_tokens=args.max_new_tokens, temperature=0.0, top_k=1,
+                                    stop=list(HUMANEVAL_STOPS), seed=0)
+        choice = out["choices"][0]
+        rows.append({"task_id": problem.id, "completion": choice["text"], "tokens": out["usage"]["completion_tokens"],
+                     "seconds": time.perf_counter() - t, "stop_reason": choice["finish_reason"]})
+        print(f"[q4km] {i}/{len(problems)} {problem.id}: {rows[-1]['tokens']} tokens, {rows[-1]['seconds']:.1f} s",
+              flush=True)
+    return {"target": f"{args.target} (llama.cpp, Q4_K_M GGUF)", "draft": None, "rows": rows,
+            "wall_s": time.perf_counter() - t_all}
 
 
 def run(config: str, args: argparse.Namespace, problems) -> dict:
     quantize, draft_option = CONFIGS[config]
+    if quantize == "llama-cpp":
+        return scored(run_llama_cpp(args, problems))
     target = specdec.load(args.target, dtype=args.dtype, **({"quantize": quantize} if quantize else {}))
     spec = getattr(args, draft_option)
     draft = None
@@ -50,14 +89,29 @@ def run(config: str, args: argparse.Namespace, problems) -> dict:
                      "seconds": out.stats.time_total, "stop_reason": out.stats.stop_reason})
         print(f"[{config}] {i}/{len(problems)} {problem.id}: {len(out.token_ids)} tokens, "
               f"{out.stats.time_total:.1f} s, {out.stats.stop_reason}", flush=True)
+    return scored({"target": target.name, "draft": None if draft is None else draft.name, "rows": rows,
+                   "wall_s": time.perf_counter() - t_all})
+
+
+def scored(run: dict) -> dict:
+    """``run`` with each row's harness result, pass count and tokens/s."""
+    rows = run["rows"]
     results = humaneval_results({r["task_id"]: r["completion"] for r in rows})
     for r in rows:
         r["result"] = results[r["task_id"]]
-    tokens = sum(r["tokens"] for r in rows)
-    seconds = sum(r["seconds"] for r in rows)
-    return {"target": target.name, "draft": None if draft is None else draft.name,
-            "passed": sum(r["result"] == "passed" for r in rows), "problems": len(rows),
-            "tokens": tokens, "tokens_per_s": tokens / seconds, "wall_s": time.perf_counter() - t_all, "rows": rows}
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    return {**run, "passed": sum(r["result"] == "passed" for r in rows), "problems": len(rows),
+            "tokens": tokens, "tokens_per_s": tokens / seconds}
+
+
+def compare(a: dict, b: dict, name_a: str, name_b: str) -> dict:
+    """Paired comparison of two runs on the same problems, with McNemar's exact test on the discordant pairs."""
+    same = [ra["completion"] == rb["completion"] for ra, rb in zip(a["rows"], b["rows"])]
+    both = [(ra["result"] == "passed", rb["result"] == "passed") for ra, rb in zip(a["rows"], b["rows"])]
+    only_a, only_b = sum(x and not y for x, y in both), sum(y and not x for x, y in both)
+    return {"identical_completions": sum(same), "passed_by_both": sum(x and y for x, y in both),
+            f"passed_only_by_{name_a}": only_a, f"passed_only_by_{name_b}": only_b,
+            "mcnemar_exact_p": mcnemar_p(only_a, only_b)}
 
 
 def main() -> int:
@@ -74,6 +128,7 @@ def main() -> int:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--n-problems", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (q4km)")
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args()
 
@@ -92,16 +147,10 @@ def main() -> int:
     runs = {config: runs[config] for config in CONFIGS if config in runs}
     result = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": vars(args),
               "runs": runs}
-    if len(runs) >= 2:
-        a, b = list(runs.values())[:2]
-        same = [ra["completion"] == rb["completion"] for ra, rb in zip(a["rows"], b["rows"])]
-        both = [(ra["result"] == "passed", rb["result"] == "passed") for ra, rb in zip(a["rows"], b["rows"])]
-        result["comparison"] = {
-            "identical_completions": sum(same),
-            "passed_by_both": sum(x and y for x, y in both),
-            "passed_only_by_" + list(runs)[0]: sum(x and not y for x, y in both),
-            "passed_only_by_" + list(runs)[1]: sum(y and not x for x, y in both),
-        }
+    names = list(runs)
+    if len(names) >= 2:  # every pair, e.g. "int8 vs bf16" (the first named is the one asked about)
+        result["comparisons"] = {f"{x} vs {y}": compare(runs[x], runs[y], x, y)
+                                 for i, y in enumerate(names) for x in names[i + 1:]}
     print(f"\nHumanEval, first {len(problems)} problems, greedy, up to {args.max_new_tokens} new tokens, "
           f"stop at {', '.join(repr(s) for s in HUMANEVAL_STOPS)}")
     print("| target | decoded with | pass@1 | tokens/s |\n|---|---|---|---|")
@@ -109,8 +158,8 @@ def main() -> int:
         how = f"{r['draft']} draft, gamma {args.gamma}" if r["draft"] else "plain decoding"
         print(f"| {r['target']} | {how} | {r['passed']}/{r['problems']} ({r['passed'] / r['problems']:.1%}) | "
               f"{r['tokens_per_s']:.2f} |")
-    if "comparison" in result:
-        print("comparison:", json.dumps(result["comparison"]))
+    for pair, c in result.get("comparisons", {}).items():
+        print(f"{pair}:", json.dumps(c))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
