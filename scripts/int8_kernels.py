@@ -27,6 +27,7 @@ import torch
 
 from specdec.models import int8_kernels
 from specdec.models.quantize import Int8Linear
+from specdec.sweeps.machine import cpu_kind
 
 # (in, out) of the Qwen2.5-Coder 1.5B's int8 layers as Int8Linear runs them (q/k/v and gate/up fused)
 SHAPES = {"qkv": (1536, 2048), "o": (1536, 1536), "gate_up": (1536, 17920), "down": (8960, 1536)}
@@ -50,7 +51,7 @@ def main() -> int:
     warnings.simplefilter("ignore")
     rows = [int(r) for r in args.rows.split(",")]
     kernels = int8_kernels.available()
-    result = {"cpu_kind": int8_kernels.cpu_kind(), "threads": args.threads, "kernels": kernels,
+    result = {"cpu_kind": cpu_kind(), "threads": args.threads, "kernels": kernels,
               "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"), "us_per_call": {}}
     print(f"CPU kind {result['cpu_kind']}, {args.threads} threads, ONEDNN_MAX_CPU_ISA="
           f"{result['onednn_max_cpu_isa'] or '(unset)'}; us per call, weights from memory")

@@ -266,7 +266,7 @@ def test_the_kernel_is_chosen_once_and_checked(monkeypatch):
         assert int8_kernels.chosen() == KERNELS[-1]
         monkeypatch.delenv(int8_kernels.ENV)
         int8_kernels._chosen = None
-        assert int8_kernels.chosen() == int8_kernels.DEFAULT_BY_CPU[int8_kernels.cpu_kind()]
+        assert int8_kernels.chosen() == int8_kernels.default_kernel()
     finally:
         int8_kernels._chosen = before
 

@@ -30,11 +30,14 @@ from specdec.errors import SpecDecError
 
 KERNELS = ("onednn", "fbgemm")
 ENV = "SPECDEC_INT8_KERNEL"
-#: The kernel each CPU kind runs by default. On the AMX Xeon (2 threads, weights streamed from memory, the
-#: 1.5B's layer shapes) fbgemm was faster for every width a decoding pass has (1-8 rows): oneDNN's AMX GEMM
-#: is flat in the rows but streams the weight at about half fbgemm's rate (docs/int8_kernels.md). The other
-#: kinds keep fbgemm until measured there; where fbgemm is missing (torch builds without it), oneDNN runs.
-DEFAULT_BY_CPU = {"AMX": "fbgemm", "AVX-512 BF16": "fbgemm", "AVX-512": "fbgemm", "AVX2 only": "fbgemm"}
+#: The kernel each CPU kind runs by default, keyed by the best instruction set that
+#: :func:`specdec.sweeps.machine.cpu_kind` names. On the AMX Xeon (2 threads, the 1.5B's layer shapes, weights
+#: from memory) oneDNN's AMX GEMM is flat in the rows (one decoder layer: 1.14x at 8 rows against fbgemm's
+#: 1.61x) but 9% slower for one row, and whole one-token passes were slower with it (docs/int8_kernels.md):
+#: plain decoding and drafts run one-token passes, so fbgemm stays. The other kinds keep fbgemm until measured
+#: there; where fbgemm is missing (torch builds without it), oneDNN runs.
+DEFAULT_BY_CPU = {"AMX": "fbgemm", "AVX-512 BF16": "fbgemm", "AVX-512 VNNI": "fbgemm", "AVX-512": "fbgemm",
+                  "AVX2 only": "fbgemm"}
 
 _chosen: str | None = None
 
@@ -49,30 +52,16 @@ def available() -> list[str]:
     return out
 
 
-def cpu_kind() -> str:
-    """This CPU's kind as the records name it: AMX, AVX-512 BF16, AVX-512 or AVX2 only."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line
-                    break
-    except OSError:
-        pass
-    names = set(flags.split())
-    if "amx_int8" in names or "amx_tile" in names:
-        return "AMX"
-    if "avx512_bf16" in names:
-        return "AVX-512 BF16"
-    if "avx512f" in names:
-        return "AVX-512"
-    return "AVX2 only"
+def default_kernel() -> str:
+    """The kernel :data:`DEFAULT_BY_CPU` names for this CPU (fbgemm for a kind it does not list)."""
+    from specdec.sweeps.machine import cpu_kind  # (imported here: specdec.sweeps imports the models)
+
+    return DEFAULT_BY_CPU.get(cpu_kind().split(", ")[0], "fbgemm")
 
 
 def check_kernel(name: str) -> str:
     if name not in KERNELS:
-        raise SpecDecError(f"unknown int8 kernel {name!r} (from {ENV} or kernel=); use one of: {', '.join(KERNELS)}")
+        raise SpecDecError(f"unknown int8 kernel {name!r} (from {ENV}); use one of: {', '.join(KERNELS)}")
     if name not in available():
         raise SpecDecError(f"the int8 kernel {name!r} is not available in this torch build or on this CPU "
                            f"(available: {', '.join(available()) or 'none'}); unset {ENV} to use the default")
@@ -92,7 +81,7 @@ def chosen() -> str:
             if not have:
                 raise SpecDecError("this torch build has no int8 CPU kernel (neither oneDNN nor fbgemm); load the "
                                    "model without quantize=")
-            preferred = DEFAULT_BY_CPU.get(cpu_kind(), "onednn")
+            preferred = default_kernel()
             _chosen = preferred if preferred in have else have[0]
     return _chosen
 
@@ -115,19 +104,17 @@ _TINY = torch.finfo(torch.float32).tiny
 class OnednnWeight:
     """A qint8 weight [out, in] (symmetric: zero points 0), packed for oneDNN's int8 GEMM with its scales."""
 
-    kernel = "onednn"
-
     def __init__(self, qweight: torch.Tensor):
-        self.out_features, self.in_features = qweight.shape
+        self.out_features = qweight.shape[0]
         self.per_channel = qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
         zero_points = qweight.q_per_channel_zero_points() if self.per_channel else torch.tensor([qweight.q_zero_point()])
         if bool(zero_points.ne(0).any()):
             raise SpecDecError("the oneDNN int8 kernel takes symmetric weights (zero points 0); use "
                                f"{ENV}=fbgemm for this model")
         scales = qweight.q_per_channel_scales() if self.per_channel else torch.tensor([qweight.q_scale()])
-        self.scales = scales.to(torch.float32).expand(self.out_features).contiguous()  # [N]
         self._scales64 = scales.to(torch.float64)  # as stored (the qint8 weight given back)
-        self.scales_per_q = self.scales / QMAX  # [N]: a quantized row's unit is 1 / QMAX
+        # [N]: a quantized row's unit is 1 / QMAX
+        self.scales_per_q = scales.to(torch.float32).expand(self.out_features).contiguous() / QMAX
         self._ones = torch.ones(self.out_features)
         self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
         self.packed = torch.ops.onednn.qlinear_prepack(qweight.int_repr().contiguous(), None)  # [K, N] blocked

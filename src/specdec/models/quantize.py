@@ -106,8 +106,7 @@ def _packing_pool() -> ThreadPoolExecutor:
 
 #: The pinned columns are padded so that K + pad is a multiple of this (fbgemm's K blocking; measured).
 K_ALIGN = 8
-#: The smallest row scale (an all-zero row then stays zero instead of becoming NaN).
-_TINY = torch.finfo(torch.float32).tiny
+_TINY = int8_kernels._TINY  # the smallest row scale (an all-zero row then stays zero instead of becoming NaN)
 #: Workspaces are kept for passes of up to this many rows (decoding steps); a longer pass (a prefill)
 #: takes a buffer of its own, so a long prompt leaves no large buffer behind.
 _KEPT_ROWS = 64
@@ -156,9 +155,9 @@ class Int8Linear(torch.nn.Module):
     """A block-invariant dynamic int8 linear layer (see the module docstring).
 
     Its kernel is the process's (:func:`specdec.models.int8_kernels.chosen`): oneDNN's int8 GEMM on rows
-    that specdec quantizes itself, or fbgemm as described above. For fbgemm the weight (qint8, per channel
-    or per tensor) is packed with the pinned columns' zero weights appended, on a background thread (packing releases the GIL and is most of an int8 load's
-    time); every use waits for the packing first. ``pinned=False`` runs torch's own per-pass kernel on
+    that specdec quantizes itself, or fbgemm as described above. The weight (qint8, per channel or per
+    tensor) is packed for it (for fbgemm with the pinned columns' zero weights appended) on a background
+    thread (packing releases the GIL and is most of an int8 load's time); every use waits for the packing first. ``pinned=False`` runs torch's own per-pass kernel on
     the same weights instead (not block-invariant: for tests and measurements).
     """
 
@@ -325,14 +324,14 @@ class Int8Slice(Int8Linear):
     def pinned(self) -> bool:
         return self.fused.layer.pinned
 
-    @property
-    def kernel(self) -> str:
-        return self.fused.layer.kernel
-
     @pinned.setter
     def pinned(self, value: bool) -> None:
         if hasattr(self, "start"):  # (Int8Linear's __init__ is not run)
             self.fused.layer.pinned = value
+
+    @property
+    def kernel(self) -> str:
+        return self.fused.layer.kernel
 
     def wait_packed(self) -> None:
         self.fused.layer.wait_packed()
