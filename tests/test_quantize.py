@@ -348,3 +348,16 @@ def test_background_packing_error_is_raised_at_first_use():
         layer = Int8Linear.from_qweight(torch.randn(4, 4), None, pool)  # not a quantized tensor: packing fails
         with pytest.raises(specdec.SpecDecError, match="Int8Linear takes a qint8 weight, got torch.float32"):
             layer(torch.randn(1, 4))
+
+
+@pytest.mark.parametrize("kernel", KERNELS, indirect=True)
+def test_an_int8_pass_outside_inference_mode_after_one_inside(kernel):
+    """The row workspace is shared by layers of one width across models; one made under inference mode (a
+    generation) must not be written by a pass under no_grad (it failed with 'Inplace update to inference tensor')."""
+    model = int8_tiny("llama")
+    ids = torch.tensor([[1, 10, 11, 12]])
+    with torch.inference_mode():
+        inside = model.hf_model(input_ids=ids).logits
+    with torch.no_grad():
+        outside = model.hf_model(input_ids=ids).logits
+    assert torch.equal(inside, outside)

@@ -119,7 +119,7 @@ def padded_width(in_features: int) -> int:
 
 
 class _Workspaces(threading.local):
-    """Per thread: ``{(in_features, width): [rows, width] float32}`` whose columns in_features.. hold +1, -1,
+    """Per thread: ``{(in_features, width, inference mode): [rows, width] float32}`` whose columns in_features.. hold +1, -1,
     0... (sibling layers that read one input are fused, so each input is normalized once)."""
 
     def __init__(self):
@@ -128,7 +128,9 @@ class _Workspaces(threading.local):
     def normalized(self, x2: torch.Tensor, in_features: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x2 [M, K] -> (its rows divided by their largest absolute values, with the pinned columns
         [M, width]; the row scales [M, 1])."""
-        key = (in_features, width)
+        # a buffer made under inference mode cannot be written outside it (a pass under no_grad after a
+        # generation, two models sharing a width): one buffer per mode
+        key = (in_features, width, torch.is_inference_mode_enabled())
         rows = x2.shape[0]
         buf = self.buffers.get(key)
         if buf is None or buf.shape[0] < rows:
