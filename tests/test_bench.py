@@ -88,7 +88,7 @@ def test_run_tiny(tiny_pair, prompts_file, tmp_path, capsys):
                  "--gamma", "3", "--repeats", "2", "--dtype", "fp32")
     result = bench.run(args, target=target, draft=draft, progress=False)
 
-    assert set(result["methods"]) == set(METHODS) - {"llama-cpp"}  # no GGUF for a tiny model: left out
+    assert set(result["methods"]) == set(METHODS) - {"llama-cpp", "llama-cpp-lookup"}  # no GGUF for a tiny model
     for name, m in result["methods"].items():
         assert m["runs"] == 4 and m["new_tokens"] > 0 and m["tokens_per_second"] > 0
         assert set(result["speedups"][name]) == {"vs_specdec-plain", "vs_hf-plain", "vs_hf-assisted"}
@@ -238,17 +238,19 @@ def test_llama_cpp_method_errors(monkeypatch):
     from specdec.bench import methods
     from specdec.models.llama_cpp import target_gguf
 
-    with pytest.raises(SpecDecError, match="neither a preset .* nor a .gguf file; leave llama-cpp out of --methods"):
+    with pytest.raises(SpecDecError, match="neither a preset .* nor a .gguf file; leave llama-cpp and llama-cpp-lookup out of --methods"):
         target_gguf("some/hf-folder")
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
     with pytest.raises(SpecDecError, match=r"pip install 'specdec\[llama\]'"):
         methods.load_llama_cpp(methods.Path("x.gguf"), 512, 2, 0)
     monkeypatch.setattr(methods.llama_cpp, "installed", lambda: False)
-    assert "llama-cpp" in METHODS and "llama-cpp" not in methods.default_methods()
+    assert {"llama-cpp", "llama-cpp-lookup"} <= set(METHODS)
+    assert not {"llama-cpp", "llama-cpp-lookup"} & set(methods.default_methods())
     monkeypatch.setattr(methods.llama_cpp, "installed", lambda: True)
     assert methods.default_methods() == METHODS
     assert "llama-cpp" in select_methods(None, "qwen2.5-coder-1.5b")  # a preset: its GGUF is packaged
     assert "llama-cpp" not in select_methods(None, "some/hf-folder")  # the default leaves it out, no error
+    assert "llama-cpp-lookup" not in select_methods(None, "some/hf-folder")
 
 
 @pytest.mark.parametrize("command, argv, message", [

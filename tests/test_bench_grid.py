@@ -57,13 +57,14 @@ def test_cells_and_labels():
     grid = bench.Grid([0.0], ["m", "prompt-lookup", "m<-bigram"], [2, 4], ["constant", "adaptive"], [1.0, 0.5])
     cells = bench.build_cells(list(bench.METHODS), grid, gamma=4)
     labels = [c.label for c in cells]
-    assert labels[:3] == ["specdec-plain", "hf-plain", "llama-cpp"]
+    assert labels[:4] == ["specdec-plain", "hf-plain", "llama-cpp", "llama-cpp-lookup"]
     assert "specdec-spec[m,gamma=2]" in labels and "specdec-spec[m<-bigram,gamma=4,adaptive]" in labels
     assert "specdec-spec[prompt-lookup,gamma=4,l=0.5]" in labels
     assert [c.label for c in cells if c.method == "hf-assisted"] == ["hf-assisted[m,gamma=4]", "hf-assisted[prompt-lookup,gamma=4]"]
     assert len([c for c in cells if c.method == "specdec-spec"]) == 3 * (2 + 1 + 1)
     one = bench.build_cells(list(bench.METHODS), bench.Grid([0.0], ["m"], [4], ["constant"], [1.0]), gamma=4)
-    assert [c.label for c in one] == ["specdec-plain", "hf-plain", "llama-cpp", "specdec-spec", "hf-assisted"]
+    assert [c.label for c in one] == ["specdec-plain", "hf-plain", "llama-cpp", "llama-cpp-lookup", "specdec-spec",
+                                      "hf-assisted"]
     # transformers' assisted generation with its own drafts (e.g. bf16) while specdec runs another (int8)
     own = bench.build_cells(list(bench.METHODS), bench.Grid([0.0], ["m:int8"], [4, 6], ["constant"], [1.0], ["m"]), gamma=6)
     assert [(c.method, c.draft, c.gamma) for c in own if c.method == "hf-assisted"] == [("hf-assisted", "m", 6)]

@@ -83,3 +83,24 @@ def test_int8_target_with_a_llama_cpp_draft_equals_its_plain_decoding(llama_draf
         out = specdec.generate(target, CODE_PROMPT, draft=draft, gamma=gamma, gamma_schedule=schedule, max_new_tokens=n)
         assert out.token_ids == plain.token_ids, (gamma, schedule)
         assert out.stats.exact and out.stats.accepted > n / 2
+
+
+@needs_llama
+@pytest.mark.slow
+def test_the_bench_runs_llama_cpps_own_prompt_lookup_speculation():
+    """The bench's ``llama-cpp-lookup`` peer: llama.cpp with llama-cpp-python's LlamaPromptLookupDecoding draft."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from specdec.bench.methods import LLAMA_LOOKUP_TOKENS, Settings, llama_cpp_runner, load_llama_cpp
+    from specdec.models.llama_cpp import target_gguf
+
+    target = specdec.load("qwen2.5-coder-0.5b")
+    ids = target.encode(CODE_PROMPT * 2)
+    settings = Settings(4, 0.0, 24, 0, "constant", 1.0, "token")
+    llms = [load_llama_cpp(target_gguf("qwen2.5-coder-0.5b"), 512, 2, 0, lookup=lookup) for lookup in (False, True)]
+    assert llms[0].draft_model is None
+    assert isinstance(llms[1].draft_model, LlamaPromptLookupDecoding)
+    assert llms[1].draft_model.num_pred_tokens == LLAMA_LOOKUP_TOKENS
+    plain, lookup = (llama_cpp_runner(llm, target.eos_token_ids, settings)(ids).tokens for llm in llms)
+    assert len(lookup) == 24 and all(0 <= t < target.vocab_size for t in lookup)
+    assert lookup[0] == plain[0]  # the first token comes from the prompt's pass in both

@@ -12,19 +12,19 @@ from dataclasses import astuple, dataclass, field
 from specdec.sweeps.options import comma_list, number_list
 from specdec.sweeps.pool import is_model_spec
 from specdec.drafters import plan_draft
-from specdec.bench.methods import METHODS, default_methods
+from specdec.bench.methods import LLAMA_METHODS, METHODS, default_methods
 from specdec.models.llama_cpp import has_gguf
 from specdec.errors import SpecDecError
 from specdec.schedules import SCHEDULES
 
 #: Peers with one configuration each, in the order the tables list them.
-SINGLE_METHODS = ("specdec-plain", "hf-plain", "llama-cpp")
+SINGLE_METHODS = ("specdec-plain", "hf-plain", "llama-cpp", "llama-cpp-lookup")
 
 
 def select_methods(text: str | None, target: str) -> list[str]:
     """The methods of ``--methods`` (a comma list), or by default every method that can run here."""
     if text is None:
-        return [m for m in default_methods() if m != "llama-cpp" or has_gguf(target)]
+        return [m for m in default_methods() if m not in LLAMA_METHODS or has_gguf(target)]
     names = comma_list(text)
     unknown = [m for m in names if m not in METHODS]
     if unknown or not names:

@@ -11,6 +11,9 @@
   the target's own GGUF file (a preset's packaged Q4_K_M file, or a ``.gguf`` target) with the same
   prompt token ids and the same thread count. Its weights are the quantized GGUF ones, so its tokens
   are not expected to equal the float target's; it is a speed peer.
+- ``llama-cpp-lookup``: the same, with llama.cpp's own speculative decoding by prompt lookup
+  (llama-cpp-python's ``LlamaPromptLookupDecoding``, ``num_pred_tokens`` = ``LLAMA_LOOKUP_TOKENS``, the value
+  its documentation gives for CPUs): the fastest thing a llama.cpp user runs without a second model.
 
 Only the generation call is timed (:func:`specdec.bench.timing.timed`, under ``torch.inference_mode``);
 tokenization happens once beforehand and every method gets the same prompt token ids.
@@ -30,12 +33,14 @@ from specdec.bench.timing import timed
 from specdec.models import LanguageModel, llama_cpp
 from specdec.stats import GenerationStats
 
-METHODS = ("specdec-plain", "specdec-spec", "hf-plain", "hf-assisted", "llama-cpp")
+METHODS = ("specdec-plain", "specdec-spec", "hf-plain", "hf-assisted", "llama-cpp", "llama-cpp-lookup")
+LLAMA_METHODS = ("llama-cpp", "llama-cpp-lookup")
+LLAMA_LOOKUP_TOKENS = 2  # llama-cpp-python: "10 ... generally good for gpu, 2 performs better for cpu-only machines"
 
 
 def default_methods() -> tuple[str, ...]:
-    """Every method, llama-cpp only when llama-cpp-python is installed."""
-    return tuple(m for m in METHODS if m != "llama-cpp" or llama_cpp.installed())
+    """Every method, the llama.cpp ones only when llama-cpp-python is installed."""
+    return tuple(m for m in METHODS if m not in LLAMA_METHODS or llama_cpp.installed())
 
 
 @dataclass
@@ -139,11 +144,17 @@ def hf_runner(target: LanguageModel, s: Settings, *, assistant: Any = None, prom
     return run
 
 
-def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffers: bool | None = None) -> Any:
-    """A ``llama_cpp.Llama`` for ``gguf``, its error naming this method."""
+def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int, extra_buffers: bool | None = None,
+                   lookup: bool = False) -> Any:
+    """A ``llama_cpp.Llama`` for ``gguf`` (``lookup``: with its prompt-lookup draft), its error naming this method."""
     if not llama_cpp.installed():
-        raise specdec.SpecDecError(f"the llama-cpp method needs llama-cpp-python: {llama_cpp.INSTALL}")
-    return llama_cpp.load_llama_cpp(gguf, n_ctx, threads, seed, extra_buffers)
+        raise specdec.SpecDecError(f"the llama-cpp methods need llama-cpp-python: {llama_cpp.INSTALL}")
+    draft = None
+    if lookup:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=LLAMA_LOOKUP_TOKENS)
+    return llama_cpp.load_llama_cpp(gguf, n_ctx, threads, seed, extra_buffers, draft_model=draft)
 
 
 def llama_cpp_runner(llm: Any, eos_token_ids: set[int], s: Settings) -> Runner:

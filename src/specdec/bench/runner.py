@@ -38,6 +38,7 @@ from specdec.decoding import prepare_steps
 from specdec.devices import describe, resolve_device
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, same_vocabulary
+from specdec.sampling import SamplingParams
 from specdec.stats import GenerationStats
 from specdec.sweeps import Unit, execute, plain_options, shards
 from specdec.sweeps.on_ray import TIMING_CAVEAT
@@ -106,11 +107,14 @@ def _load(args: argparse.Namespace, target: LanguageModel | None = None, draft: 
     prompt_ids = [encode_item(target, item) for item in task.items]
     if prepare and prompt_ids:  # every step width the runs use, captured (and compiled) before any run is timed
         prepare_steps(target, list(drafts.values()), sorted(set(grid.gammas) | {args.gamma}),
-                      max(map(len, prompt_ids)) + args.max_new_tokens + 1)
+                      max(map(len, prompt_ids)) + args.max_new_tokens + 1,
+                      [SamplingParams(temperature=t) for t in grid.temperatures])
+    n_ctx = max(max(map(len, prompt_ids), default=0) + args.max_new_tokens + LLAMA_CONTEXT_MARGIN, LLAMA_MIN_CONTEXT)
     if prepare and "llama-cpp" in methods and pool.llama_cpp is None:
-        n_ctx = max(map(len, prompt_ids), default=0) + args.max_new_tokens + LLAMA_CONTEXT_MARGIN
-        pool.llama_cpp = load_llama_cpp(target_gguf(args.target), max(n_ctx, LLAMA_MIN_CONTEXT),
-                                        torch.get_num_threads(), args.seed)
+        pool.llama_cpp = load_llama_cpp(target_gguf(args.target), n_ctx, torch.get_num_threads(), args.seed)
+    if prepare and "llama-cpp-lookup" in methods and pool.llama_cpp_lookup is None:
+        pool.llama_cpp_lookup = load_llama_cpp(target_gguf(args.target), n_ctx, torch.get_num_threads(), args.seed,
+                                               lookup=True)
     return _Loaded(task, prompt_ids, target, drafts, pool, cells, grid, methods, corpus_source)
 
 
@@ -191,6 +195,8 @@ def _runners(cells: list[Cell], target: LanguageModel, drafts: dict[str, Any], p
             runners[cell.label] = hf_runner(target, s)
         elif cell.method == "llama-cpp":
             runners[cell.label] = llama_cpp_runner(pool.llama_cpp, set(target.eos_token_ids), s)
+        elif cell.method == "llama-cpp-lookup":
+            runners[cell.label] = llama_cpp_runner(pool.llama_cpp_lookup, set(target.eos_token_ids), s)
         elif cell.draft == "prompt-lookup":
             runners[cell.label] = hf_runner(target, s, prompt_lookup=True)
         else:

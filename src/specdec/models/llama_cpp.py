@@ -37,8 +37,10 @@ def installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None) -> Any:
-    """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt).
+def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None,
+                   draft_model: Any = None) -> Any:
+    """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt; ``draft_model``:
+    llama-cpp-python's own speculative draft, e.g. its ``LlamaPromptLookupDecoding``).
 
     extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts): off unless this is True
     or the environment sets ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``; why they are off by default (a crash in
@@ -62,7 +64,7 @@ def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_bu
     low_level.llama_model_default_params = model_params
     try:
         return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                               seed=seed, verbose=False)
+                               seed=seed, verbose=False, draft_model=draft_model)
     finally:
         low_level.llama_model_default_params = defaults
 
@@ -83,7 +85,7 @@ def target_gguf(target: Any) -> Path:
     if not has_gguf(name):
         raise SpecDecError(
             f"llama-cpp needs the target as GGUF: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf "
-            "file; leave llama-cpp out of --methods")
+            "file; leave llama-cpp and llama-cpp-lookup out of --methods")
     return preset_gguf(name) if name in PRESETS else Path(name).expanduser()
 
 

@@ -41,6 +41,7 @@ class ModelPool:
         self.compile = compile
         self.models: dict[str, LanguageModel] = dict(models or {})
         self.llama_cpp: Any = None  # the llama.cpp peer (a llama_cpp.Llama), loaded when a bench asks for it
+        self.llama_cpp_lookup: Any = None  # the same with its prompt-lookup draft (llama-cpp-lookup)
 
     def get(self, name: str, quantize: str | None = None) -> LanguageModel:
         import specdec
