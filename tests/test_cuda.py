@@ -75,25 +75,37 @@ def test_compiled_graphs_give_the_eager_tokens():
     assert steps and all(g.compiled for g in steps)  # inductor compiled them (no fallback to the eager step)
 
 
-def test_sampling_on_gpu_follows_the_target():
-    V = 8
-    prompt = [1, 3, 5, 2]  # ids inside the 8-token vocabulary
-    target_cpu = load_tiny(vocab=V, eos=None, sharp=2.0)
-    draft = perturbed(target_cpu, 1.0, seed=3)
-    target, draft = [specdec.load(m.hf_model, tokenizer=m.tokenizer, device="cuda") for m in (target_cpu, draft)]
-    sampling = SamplingParams(temperature=1.0)
+V8, PROMPT8 = 8, [1, 3, 5, 2]  # the distribution tests' vocabulary and a prompt inside it
+
+
+def distribution_pair():
+    """(target, draft) on the GPU over 8 tokens, and the target's exact law of the first two tokens [64]."""
     from specdec.sampling import standardize
 
+    target_cpu = load_tiny(vocab=V8, eos=None, sharp=2.0)
+    target, draft = [specdec.load(m.hf_model, tokenizer=m.tokenizer, device="cuda")
+                     for m in (target_cpu, perturbed(target_cpu, 1.0, seed=3))]
+    sampling = SamplingParams(temperature=1.0)
     with torch.inference_mode():
-        p1 = standardize(target.hf_model(input_ids=torch.tensor([prompt], device="cuda")).logits[0, -1], sampling)
-        batch = torch.tensor([prompt + [x] for x in range(V)], device="cuda")
+        p1 = standardize(target.hf_model(input_ids=torch.tensor([PROMPT8], device="cuda")).logits[0, -1], sampling)
+        batch = torch.tensor([PROMPT8 + [x] for x in range(V8)], device="cuda")
         p2 = standardize(target.hf_model(input_ids=batch).logits[:, -1], sampling)
-    probs = (p1[:, None] * p2).flatten().cpu()
-    counts = torch.zeros(V * V)
-    for seed in range(2000):
-        out = specdec.generate(target, prompt, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=seed)
-        counts[out.token_ids[0] * V + out.token_ids[1]] += 1
-    assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
+    return target, draft, (p1[:, None] * p2).flatten().cpu()
+
+
+def first_two_counts(target, draft, runs=2000, check=None):
+    counts = torch.zeros(V8 * V8)
+    for seed in range(runs):
+        out = specdec.generate(target, PROMPT8, draft=draft, gamma=3, max_new_tokens=5, temperature=1.0, seed=seed)
+        if check is not None:
+            check(out)
+        counts[out.token_ids[0] * V8 + out.token_ids[1]] += 1
+    return counts
+
+
+def test_sampling_on_gpu_follows_the_target():
+    target, draft, probs = distribution_pair()
+    assert chi_square_pvalue(first_two_counts(target, draft).numpy(), probs.numpy()) > 1e-3
 
 
 def test_beam_search_on_gpu_equals_transformers_and_speculative_equals_plain():
@@ -109,3 +121,57 @@ def test_beam_search_on_gpu_equals_transformers_and_speculative_equals_plain():
         assert out.token_ids == plain.token_ids, spec
     report = beam_search(target, PROMPT, num_beams=2, max_new_tokens=16, draft=draft, gamma=3, mode="report", seed=0)
     assert len(report.token_ids) == 16 and not report.stats["exact"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])
+def test_graphed_rounds_on_gpu_give_plain_tokens_and_the_eager_rounds_draws(kind, monkeypatch):
+    """Issue 40: a model draft's round and plain decoding's step captured whole replay what the same round
+    computed eagerly draws (sampled, seeded), and greedy rounds give plain decoding's tokens (fp32)."""
+    from specdec import round_graph
+    from specdec.decoding import prepare_steps
+
+    target, draft = cuda_pair(kind)
+    reference = specdec.generate(target, PROMPT, max_new_tokens=40).token_ids  # before any round is captured
+    sampled = SamplingParams(temperature=1.0)
+    prepare_steps(target, [draft], [1, 4], 64, [SamplingParams(), sampled])
+    for gamma in (1, 4):
+        out = specdec.generate(target, PROMPT, draft=draft, gamma=gamma, max_new_tokens=40)
+        assert out.token_ids == reference and out.stats.rounds_graphed >= 5, (gamma, out.stats.to_dict())
+    plain = specdec.generate(target, PROMPT, max_new_tokens=40)
+    assert plain.token_ids == reference and plain.stats.rounds_graphed == 39
+    options = dict(draft=draft, gamma=4, max_new_tokens=40, temperature=1.0)
+    replayed = [specdec.generate(target, PROMPT, seed=s, **options) for s in range(4)]
+    assert all(o.stats.rounds_graphed >= 3 for o in replayed)
+    monkeypatch.setattr(round_graph.RoundGraph, "replay", lambda self, *inputs: (self.set_inputs(*inputs), self.run())[1])
+    eager = [specdec.generate(target, PROMPT, seed=s, **options) for s in range(4)]
+    assert [o.token_ids for o in replayed] == [o.token_ids for o in eager]
+
+
+def test_compiled_round_graphs_give_the_eager_tokens():
+    from specdec.decoding import prepare_steps
+
+    target, draft = cuda_pair("qwen2")
+    eager = specdec.load(target.hf_model, tokenizer=target.tokenizer, engine="static", cuda_graphs=False)
+    reference = specdec.generate(eager, PROMPT, max_new_tokens=32).token_ids
+    target.configure(compile=True)
+    draft.configure(compile=True)
+    prepare_steps(target, [draft], [4], 64)
+    out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=32)
+    assert out.token_ids == reference and out.stats.rounds_graphed >= 3
+    assert specdec.generate(target, PROMPT, max_new_tokens=32).token_ids == reference
+
+
+def test_graphed_rounds_on_gpu_follow_the_target(monkeypatch):
+    """The distribution test through captured rounds from the first token on (the target's cache given back the
+    prompt's last token, as between rounds), rounds of 3, 2 and 1 drafts."""
+    from specdec.decoding import prepare_steps
+    from test_round_graph import from_the_first_round
+
+    target, draft, probs = distribution_pair()
+    prepare_steps(target, [draft], [1, 2, 3], 32, [SamplingParams(temperature=1.0)])
+    from_the_first_round(monkeypatch)
+
+    def all_graphed(out):
+        assert out.stats.rounds_per_step == 0
+
+    assert chi_square_pvalue(first_two_counts(target, draft, check=all_graphed).numpy(), probs.numpy()) > 1e-3

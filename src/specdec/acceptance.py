@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.sampling import SamplingParams, sample, standardize
+from specdec.sampling import SamplingParams, sample, standardize, uniform
 
 # Below this mass the residual max(0, p - q) is numerically zero: p and q agree on that row, so a
 # rejection had probability ~0 and p itself is the correct distribution to sample from.
@@ -269,7 +269,7 @@ def verify(
         return _verify_block(p, q, draft_tokens, generator, index, padded)
     p_x = p[index[:gamma], draft_tokens]  # [gamma]
     q_x = q[index[:gamma], draft_tokens] if q is not None else torch.ones_like(p_x)  # [gamma]
-    r = torch.rand(gamma, generator=generator, dtype=p_x.dtype, device=device)  # [gamma], U[0, 1)
+    r = uniform(gamma, generator, p_x.dtype, device)  # [gamma], U[0, 1)
     n = (r * (lenience * q_x) < p_x).long().cumprod(0).sum()  # []
     p_n = p.index_select(0, n.reshape(1))[0]  # [V] target row at the first rejection (or the bonus row)
     if q is None:  # one-hot q: remove l from the rejected token's probability
@@ -290,7 +290,7 @@ def _verify_block(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, 
                   index: torch.Tensor, padded: torch.Tensor) -> Verification:
     """Block verification of a sampled draft: p [gamma + 1, V], q [gamma, V] (see :func:`block_acceptance`)."""
     gamma = draft_tokens.shape[0]
-    eta = torch.rand(gamma, generator=generator, dtype=p.dtype, device=p.device)  # [gamma], U[0, 1)
+    eta = uniform(gamma, generator, p.dtype, p.device)  # [gamma], U[0, 1)
     tau, ratio = block_acceptance(p, q, draft_tokens, eta)
     p_tau = p.index_select(0, tau.reshape(1))[0]  # [V]
     q_padded = torch.cat([q, q.new_zeros(1, q.shape[-1])])  # [gamma + 1, V]

@@ -240,11 +240,12 @@ def prepare_served_steps(target: Any, draft: Any, max_positions: int | None = No
     """Fix the capture plan of the served models before the server is ready (:func:`specdec.decoding.prepare_steps`):
     caches of ``max_positions`` positions, and the steps of the widest gamma a graph can verify (every width
     bucket of the target: a request may ask for any gamma) captured and, with ``compile``, compiled, so that
-    no request captures anything."""
+    no request captures anything; greedy rounds of gamma 1 to 8 (and plain decoding's step) are captured whole
+    too (:mod:`specdec.round_graph`)."""
     from specdec.decoding import prepare_steps
     from specdec.models.graphs import MAX_GRAPH_WIDTH
 
-    prepare_steps(target, [draft] if draft is not None else [], [MAX_GRAPH_WIDTH - 1], max_positions)
+    prepare_steps(target, [draft] if draft is not None else [], [*range(1, 9), MAX_GRAPH_WIDTH - 1], max_positions)
 
 
 def draft_label(draft) -> str:

@@ -26,10 +26,13 @@ import torch
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import DraftContext, DraftPlan, plan_draft
+from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
+from specdec.round_graph import GIVEN, graphed_round, prepare_rounds
 from specdec.rounds import speculative_round
+from specdec.sampling import SamplingParams
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -174,23 +177,28 @@ def check_target(target: Any) -> None:
 
 
 def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence[int],
-                  max_positions: int | None = None) -> list[LanguageModel]:
+                  max_positions: int | None = None,
+                  samplings: Sequence[SamplingParams] = (SamplingParams(),)) -> list[LanguageModel]:
     """With CUDA graphs, fix the capture plan of the target and of every model that generations with
     ``drafts`` (each what ``generate(draft=...)`` takes; none: plain decoding) and these gammas run
     (:meth:`LanguageModel.prepare_steps`: one cache capacity, ``max_positions``, and the width buckets up
     to each model's widest step captured), so that no capture lands inside a timed or waited-for
     generation. The target's widest step verifies gamma drafts after one token (gamma + 1; plain
     decoding: 1); each drafter names the models it runs and their widths
-    (:meth:`~specdec.drafters.base.Drafter.step_widths`). Returns the models prepared."""
+    (:meth:`~specdec.drafters.base.Drafter.step_widths`). Plain decoding's step and every model draft's
+    round at each gamma are also captured whole, per sampling in ``samplings`` (default: greedy), as one
+    graph each (:mod:`specdec.round_graph`). Returns the models prepared."""
     from specdec.models.graphs import MAX_GRAPH_WIDTH
 
     widest: dict[Any, int] = {target: 1}  # model -> its widest step
+    rounds: list[tuple[Any, int]] = [(None, 0)]  # (draft model, gamma) of the rounds captured whole; plain's step
     for draft in drafts:
         plan = plan_draft(draft).load(target)  # its models load once, not once per gamma
         for gamma in gammas:
             drafter = plan.build(target, inner_gamma=gamma)
             if drafter is not None:
                 widest[target] = max(widest[target], gamma + 1)
+                rounds.append((drafter.model if type(drafter) is ModelDrafter else GIVEN, gamma))
                 for model, widths in drafter.step_widths(gamma).items():
                     widest[model] = max([widest.get(model, 1), *widths])
     if target.cuda_graphs and drafts and max(gammas, default=0) + 1 > MAX_GRAPH_WIDTH:
@@ -199,6 +207,7 @@ def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence
     prepared = [m for m in widest if isinstance(m, LanguageModel)]
     for model in prepared:
         model.prepare_steps(max_positions, widest[model])
+    prepare_rounds(target, rounds, samplings, max_positions)
     return prepared
 
 
@@ -302,8 +311,11 @@ def _round(run: _Run) -> None:
     carried, run.carried = run.carried, None
     # [1] the sequence's last token, which the target's cache lacks; [0] after the prefill (it cached them all)
     pending = run.ids[length - (carried is None): length]
-    r = speculative_round(run.session, drafter, run.sequence, k, pending, config.sampling, run.generator, run.clock,
-                          lenience=config.lenience, verification=config.verification, carried=carried)
+    r = graphed_round(run, k) if carried is None else None  # the whole round as one captured graph, if planned
+    if r is None:
+        r = speculative_round(run.session, drafter, run.sequence, k, pending, config.sampling, run.generator,
+                              run.clock, lenience=config.lenience, verification=config.verification, carried=carried)
+        run.stats.rounds_per_step += bool(run.target.cuda_graphs)
     run.stats.record_round(r)
     run.ids[length: length + r.n + 1] = r.result.tokens[: r.n + 1]  # the round's tokens stay on the device
     if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)

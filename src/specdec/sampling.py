@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -94,6 +95,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     """
     flat = probs.reshape(-1, probs.shape[-1])  # [rows, V]
     cdf = flat.double().cumsum(-1)  # [rows, V]; .double() first: cumsum(dtype=float64) is 7x slower here
-    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]  # [rows, 1]
+    u = uniform((flat.shape[0], 1), generator, torch.float64, probs.device) * cdf[:, -1:]  # [rows, 1]
     index = torch.searchsorted(cdf, u, right=True).clamp_(max=flat.shape[-1] - 1)  # [rows, 1]
     return index.reshape(probs.shape[:-1])
+
+
+def uniform(shape: tuple[int, ...] | int, generator: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """U[0, 1) numbers of ``shape``: from a torch.Generator (or the default one for None), or from a source with
+    a ``uniform(shape, dtype)`` method (:class:`specdec.counter_random.PositionalRandom`, what a captured
+    round draws from)."""
+    if hasattr(generator, "uniform"):
+        return generator.uniform(shape, dtype)
+    return torch.rand(shape, generator=generator, dtype=dtype, device=device)

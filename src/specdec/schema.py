@@ -43,6 +43,8 @@ STATS_SCHEMA = _object({
     "not_exact_reason": {"type": ["string", "null"]},
     "levels": {"type": "array", "items": {"type": "object"}},  # hierarchical drafting: one object per level
     "schedule": {"type": "object"},  # the gamma schedule's final state ({} without a draft)
+    "rounds_graphed": {"type": "integer"},  # with CUDA graphs: rounds replayed as one captured graph (specdec.round_graph)
+    "rounds_per_step": {"type": "integer"},  # with CUDA graphs: rounds that ran step by step (the first, any off the plan)
 })
 
 CONFIG_SCHEMA = _object({

@@ -74,6 +74,10 @@ class GenerationStats(RoundTally):
     not_exact_reason: str | None = None
     levels: list[dict[str, Any]] = field(default_factory=list)  # hierarchical drafting: LevelStats.to_dict() per level
     schedule: dict[str, Any] = field(default_factory=dict)  # the gamma schedule's final state (GammaSchedule.report)
+    # with CUDA graphs (specdec.round_graph): rounds replayed as one captured round, and rounds that ran step by
+    # step (the first one, whose token comes with the prefill, and any the capture plan does not cover)
+    rounds_graphed: int = 0
+    rounds_per_step: int = 0
 
     def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
         self.target_calls += 1
@@ -123,6 +127,8 @@ class GenerationStats(RoundTally):
             "not_exact_reason": self.not_exact_reason,
             "levels": self.levels,
             "schedule": self.schedule,
+            "rounds_graphed": self.rounds_graphed,
+            "rounds_per_step": self.rounds_per_step,
         }
 
     def summary(self) -> str:

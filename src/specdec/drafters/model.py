@@ -123,6 +123,10 @@ class ModelDrafter(SessionDrafter):
             self.session.rollback(length + min(n_accepted, max(k - 1, 0)))
             self._proposed = None
 
+    def forget_proposal(self) -> None:
+        """A captured round (specdec.round_graph) drafted and rolled the session back itself: nothing to update."""
+        self._proposed = None
+
     def step_widths(self, gamma: int) -> StepWidths:
         """One token per drafted token; the first step of a round also feeds the target's token and, after
         a fully accepted round, the last drafted one (2). A longer catch-up (after plain rounds) runs wider."""

@@ -238,8 +238,17 @@ class LanguageModel:
     def release_cache(self, cache: StaticKVCache) -> None:
         self._caches = [(c, used and c is not cache) for c, used in self._caches]
 
-    def captured_step(self, cache: StaticKVCache, width: int) -> CapturedStep:
-        """The step of ``width`` tokens on ``cache``, to be captured on its first call into the model's pool."""
+    @property
+    def step_function(self) -> Callable[..., Any]:
+        """The fixed-shape step (:func:`~specdec.models.graphs.static_step`, or its compiled form with ``compile``)."""
+        return self._step
+
+    def graph_pool(self) -> Any:
+        """The CUDA graph memory pool this model's captured steps and rounds share (made on first use)."""
         if self._graph_pool is None:
             self._graph_pool = graphs.memory_pool()
-        return CapturedStep(self._step, self.hf_model, cache, width, self._graph_pool)
+        return self._graph_pool
+
+    def captured_step(self, cache: StaticKVCache, width: int) -> CapturedStep:
+        """The step of ``width`` tokens on ``cache``, to be captured on its first call into the model's pool."""
+        return CapturedStep(self._step, self.hf_model, cache, width, self.graph_pool())

@@ -96,6 +96,14 @@ class ModelSession:
             if self.tokens is not None:
                 del self.tokens[length:]
 
+    def advanced(self, length: int, passes: int, tokens: int) -> None:
+        """Bookkeeping after passes made outside :meth:`extend` (a captured round, specdec.round_graph): the cache
+        now holds ``length`` positions, after ``passes`` forward passes, the last of ``tokens`` tokens."""
+        self.length = length
+        self.forward_passes += passes
+        self.last_pass_tokens = tokens
+        self.tokens = None  # fed from the device: no host copy
+
     def logits_of(self, sequence: Sequence[int], n_logits: int) -> torch.Tensor:
         """Logits [n_logits, V] for the last ``n_logits`` positions of the whole ``sequence`` (host ids): the
         cached common prefix is kept, the rest rolled back and fed (not a forward pass of its own)."""
