@@ -75,8 +75,11 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys
     def spec(*argv):
         return draft_spec(build_parser().parse_args(["generate", "x", *argv]))
 
-    # int8 on CPU; unquantized on CUDA (dynamic int8 is CPU-only); an explicit choice wins everywhere
-    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8"
+    # int8 on CPU, drafted for by prompt lookup; unquantized on CUDA (dynamic int8 is CPU-only); an explicit
+    # choice wins everywhere
+    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+    served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
+    assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"  # the batch engine drafts with one model
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
     assert spec("--draft", "m", "--draft-quantize", "int8") == "m:int8"
     # one syntax: repeated --draft is the hierarchy A<-B; --draft-quantize fills the levels that name none
@@ -86,6 +89,23 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys
     # without --draft, --draft-quantize applies to the default draft model
     assert spec("--device", "cpu", "--draft-quantize", "none") == "qwen2.5-coder-0.5b"
     assert spec("--device", "cpu", "--draft-quantize", "int8-tensor") == "qwen2.5-coder-0.5b:int8-tensor"
+
+
+def test_the_default_target_is_the_exact_int8_target_on_cpu(monkeypatch):
+    from specdec.cli import _target_quantization, build_parser
+
+    def quantize(*argv):
+        return _target_quantization(build_parser().parse_args(["generate", "x", *argv]))
+
+    assert quantize("--device", "cpu") == "int8"  # the packaged target, nothing asked
+    assert quantize("--device", "cpu", "--quantize", "none") is None  # bf16 on request
+    assert quantize("--device", "cpu", "--dtype", "fp32") is None  # a dtype asked: the float model
+    assert quantize("--device", "cpu", "--target", "some/folder") is None  # another target: as it is
+    assert quantize("--device", "cpu", "--quantize", "int8-tensor") == "int8-tensor"
+    import specdec.devices
+
+    monkeypatch.setattr(specdec.devices, "resolve_device", lambda device=None: torch.device(device or "cpu"))
+    assert quantize("--device", "cuda") is None  # dynamic int8 is CPU-only
 
 
 def test_colour_marks_draft_and_target_tokens(capsys, model_dir):
@@ -195,7 +215,7 @@ def test_a_draft_is_resolved_once(model_dir, monkeypatch):
 def test_default_gamma_and_schedule_follow_the_draft():
     from specdec.config import INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE, GenerationConfig, speculation_defaults
 
-    default = speculation_defaults("m:int8")  # one int8 model draft (the CPU default): start at 6, adapt
+    default = speculation_defaults("m:int8")  # one int8 model draft: start at 6, adapt
     assert default == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE) == (6, "adaptive")
     assert speculation_defaults("m:int8", gamma=3) == (3, None)  # gamma alone: constant, as in the paper
     assert speculation_defaults("m:int8", gamma_schedule="heuristic") == (6, "heuristic")
@@ -210,8 +230,10 @@ def test_default_gamma_and_schedule_follow_the_draft():
     config = GenerationConfig.for_draft("m:int8", max_new_tokens=5)
     assert (config.gamma, config.gamma_schedule, config.max_new_tokens) == (6, "adaptive", 5)
     assert (GenerationConfig.for_draft("bigram").gamma, GenerationConfig.for_draft(None).gamma) == (4, 4)
-    # the CLI applies it to the draft it runs
+    # the CLI applies it to the draft it runs: the CPU default, a hierarchy, drafts 4 a round, constant
     args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu"])
+    assert speculation_defaults(cli.draft_spec(args)) == (None, None)
+    args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu", "--draft", "qwen2.5-coder-0.5b:int8"])
     assert speculation_defaults(cli.draft_spec(args)) == (6, "adaptive")
 
 

@@ -31,7 +31,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
                         ":int8 or :int8-tensor, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
                         "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
-                        "decoding (default: qwen2.5-coder-0.5b:int8 on CPU, qwen2.5-coder-0.5b on CUDA)")
+                        "decoding (default: qwen2.5-coder-0.5b:int8<-prompt-lookup on CPU, qwen2.5-coder-0.5b on CUDA)")
     p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
     p.add_argument("--draft-quantize", default=None, metavar="METHOD",
                    help="int8 or int8-tensor for every model level of --draft that names no quantization of its own "
@@ -45,10 +45,11 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="quantize the TARGET: int8 (or int8-tensor), a block-invariant int8 model (CPU): about twice "
                         "as fast as bf16 where bf16 is slow, and speculative decoding with it is exact (its output "
                         "equals the int8 model's own plain decoding); a different model from the original (README, "
-                        "'The int8 target', has its quality)")
+                        "'The int8 target', has its quality). Default: int8 for the packaged target on CPU without "
+                        "--dtype; 'none' keeps it in bf16")
     p.add_argument("--gamma", type=int, default=None,
-                   help=f"draft tokens per target call (default: with one int8 model draft, the default, start at "
-                        f"{INT8_DRAFT_GAMMA} and adapt; else 4, constant)")
+                   help=f"draft tokens per target call (default: 4, constant; with one int8 model draft alone, start "
+                        f"at {INT8_DRAFT_GAMMA} and adapt)")
     p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
                    help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
                         "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "
@@ -178,17 +179,22 @@ def draft_spec(args: argparse.Namespace) -> str:
     if args.draft:
         spec = join_levels(args.draft)
     else:
-        spec = default_draft(args.device) if args.draft_quantize is None else DEFAULT_DRAFT
+        batched = (getattr(args, "max_batch", None) or 1) > 1  # specdec serve's batch engine: one draft model
+        spec = default_draft(args.device, batched) if args.draft_quantize is None else DEFAULT_DRAFT
     if is_plain(spec):
         return PLAIN
     return with_default_quantization(spec, method)
 
 
 def _target_quantization(args: argparse.Namespace) -> str | None:
-    """--quantize: None (the default) or 'none' leave the target as it is."""
+    """--quantize: 'none' leaves the target as it is; not given, the default (:func:`specdec.config.
+    default_target_quantize`: the packaged target in int8 on CPU)."""
+    from specdec.config import default_target_quantize
     from specdec.errors import SpecDecError
 
-    method = None if args.quantize is None or str(args.quantize).lower() == "none" else args.quantize
+    if args.quantize is None:
+        return default_target_quantize(args.target, args.device, args.dtype)
+    method = None if str(args.quantize).lower() == "none" else args.quantize
     if method == "llama-cpp":
         raise SpecDecError("--quantize llama-cpp: llama.cpp runs drafts only (its multi-token passes are not "
                            "block-invariant); use --quantize int8 for the target and :llama-cpp on a --draft level")

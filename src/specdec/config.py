@@ -2,9 +2,10 @@
 the server and the benchmarks share: none of them re-declares a default.
 
 - Generation settings: the fields of :class:`GenerationConfig`.
-- The models: :data:`DEFAULT_TARGET` and :data:`DEFAULT_DRAFT` (declared with the preset catalog), and
-  :func:`default_draft` (the draft specification used when none is given: int8 on CPU, where dynamic int8
-  runs, unquantized on CUDA).
+- The models: :data:`DEFAULT_TARGET` and :data:`DEFAULT_DRAFT` (declared with the preset catalog),
+  :func:`default_target_quantize` (the packaged target runs as the exact int8 target on CPU) and
+  :func:`default_draft` (the draft specification used when none is given: on CPU the int8 0.5B, itself
+  drafted for by prompt lookup; unquantized on CUDA).
 - Speculation per draft kind: :func:`speculation_defaults` (gamma and schedule for a draft specification),
   which :meth:`GenerationConfig.for_draft` applies.
 """
@@ -20,10 +21,15 @@ from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the packaged
 from specdec.sampling import SamplingParams
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "INT8_DRAFT_GAMMA", "INT8_DRAFT_SCHEDULE", "MAX_GAMMA_FLOOR",
-           "GenerationConfig", "default_draft", "speculation_defaults"]
+           "GenerationConfig", "default_draft", "default_target_quantize", "speculation_defaults"]
 
 # Dynamic int8 (torch.ao) runs on CPU only; a draft's quantization changes speed and alpha, never the output.
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
+# The packaged target on CPU: the block-invariant int8 target (exact: speculative output = its own plain decoding;
+# its quality against bf16 and llama.cpp's Q4_K_M, and its speed, in the README's "The int8 target").
+DEFAULT_TARGET_QUANTIZE_CPU = "int8"
+# On CPU the default draft model is drafted for in turn by prompt lookup (free): a hierarchy (README, "Benchmark").
+DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
 DEFAULT_GAMMA = 4
 # One int8 model draft: start at this gamma (Theorem 8 on the packaged pair's measured alpha and c; README,
 # "Benchmark") and adapt from there (specdec.schedules.AdaptiveSchedule), unless gamma is given.
@@ -33,12 +39,26 @@ INT8_DRAFT_SCHEDULE = "adaptive"
 MAX_GAMMA_FLOOR = 12
 
 
-def default_draft(device: Any = None) -> str:
-    """The draft specification used when none is given (CLI, server): the 0.5B, int8 on CPU."""
+def default_draft(device: Any = None, batched: bool = False) -> str:
+    """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int8, with prompt
+    lookup drafting for it (``qwen2.5-coder-0.5b:int8<-prompt-lookup``). ``batched``: for the batch engine
+    (``specdec serve --max-batch N``), which drafts with one model: the int8 0.5B alone on CPU."""
     from specdec.devices import resolve_device
 
-    on_cpu = resolve_device(device).type == "cpu"
-    return f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}" if on_cpu else DEFAULT_DRAFT
+    if resolve_device(device).type != "cpu":
+        return DEFAULT_DRAFT
+    model = f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}"
+    return model if batched else f"{model}<-{DEFAULT_DRAFT_INNER_CPU}"
+
+
+def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:
+    """The quantization of a target loaded without one asked (CLI, server): the packaged default target on CPU
+    runs as the exact int8 target, unless a dtype is asked; any other target, or another device, as it is."""
+    from specdec.devices import resolve_device
+
+    if target != DEFAULT_TARGET or dtype is not None or resolve_device(device).type != "cpu":
+        return None
+    return DEFAULT_TARGET_QUANTIZE_CPU
 
 
 def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,
