@@ -26,11 +26,10 @@ import torch
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import DraftContext, DraftPlan, plan_draft
-from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
-from specdec.round_graph import GIVEN, graphed_round, prepare_rounds
+from specdec.round_graph import graphed_round, planned_draft, prepare_rounds
 from specdec.rounds import speculative_round
 from specdec.sampling import SamplingParams
 from specdec.schedules import StepFeedback, make_schedule
@@ -198,7 +197,7 @@ def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence
             drafter = plan.build(target, inner_gamma=gamma)
             if drafter is not None:
                 widest[target] = max(widest[target], gamma + 1)
-                rounds.append((drafter.model if type(drafter) is ModelDrafter else GIVEN, gamma))
+                rounds.append((planned_draft(drafter), gamma))
                 for model, widths in drafter.step_widths(gamma).items():
                     widest[model] = max([widest.get(model, 1), *widths])
     if target.cuda_graphs and drafts and max(gammas, default=0) + 1 > MAX_GRAPH_WIDTH:

@@ -134,48 +134,49 @@ class RoundGraph:
         self.seed.fill_(seed & MASK32)
 
 
+def planned_draft(drafter: Any) -> Any:
+    """What a drafter's rounds are captured as: its model (a model draft, drafted inside the graph) or ``GIVEN``
+    (any other drafter: it proposes, the graph verifies its ids)."""
+    return drafter.model if type(drafter) is ModelDrafter else GIVEN
+
+
 def prepare_rounds(target: "LanguageModel", plan: Sequence[tuple[Any, int]], samplings: Sequence[SamplingParams],
-                   max_positions: int | None) -> list[tuple[str, int, SamplingParams]]:
-    """Capture a round graph for every (draft model, ``GIVEN`` or None, gamma) of ``plan`` and every sampling (given
-    drafts: greedy only), on the caches that later generations of up to ``max_positions`` positions take (after
-    each model's ``prepare_steps``). Returns what was captured or found: (draft name or "plain", gamma, sampling)."""
+                   max_positions: int | None) -> None:
+    """Capture a round graph for every (draft model, ``GIVEN`` or None, gamma) of ``plan`` (:func:`planned_draft`)
+    and every sampling (given drafts: greedy only), on the caches that later generations of up to
+    ``max_positions`` positions take (after each model's ``prepare_steps``). A round captured already is kept."""
     if not target.cuda_graphs:
-        return []
-    done = []
+        return
     session, _ = target.start([0], _planned_positions(target, max_positions))
+    cache = session.cache
+
+    def ensure(key: tuple[Any, int, SamplingParams], *args: Any, given: bool = False) -> None:
+        gamma = key[1]
+        if key not in cache.rounds and bucket_for(gamma + 1) is not None:
+            graph = RoundGraph(target, cache, *args, gamma, key[2], given=given)
+            graph.capture(target.graph_pool())
+            cache.rounds[key] = graph
+
     try:
-        cache = session.cache
         for draft in dict.fromkeys(d for d, _ in plan):
-            if draft == GIVEN:
-                if GREEDY not in samplings:
-                    continue
-                for gamma in sorted({g for d, g in plan if d == GIVEN}):
-                    key = (GIVEN, gamma, GREEDY)
-                    if key not in cache.rounds and bucket_for(gamma + 1) is not None:
-                        graph = RoundGraph(target, cache, None, None, gamma, GREEDY, given=True)
-                        graph.capture(target.graph_pool())
-                        cache.rounds[key] = graph
-                    done.append((GIVEN, gamma, GREEDY))
+            gammas = sorted({g for d, g in plan if d is draft})
+            if draft is GIVEN:
+                for gamma in gammas if GREEDY in samplings else ():
+                    ensure((GIVEN, gamma, GREEDY), None, None, given=True)
                 continue
             if draft is not None and not draft.cuda_graphs:
                 continue
             draft_session = draft.start([0], _planned_positions(draft, max_positions))[0] if draft is not None else None
+            draft_cache = draft_session.cache if draft_session is not None else None
             try:
-                draft_cache = draft_session.cache if draft_session is not None else None
-                for gamma in sorted({g for d, g in plan if d is draft}):
+                for gamma in gammas:
                     for sampling in dict.fromkeys(samplings):
-                        key = (id(draft_cache) if draft_cache is not None else None, gamma, sampling)
-                        if key not in cache.rounds and bucket_for(gamma + 1) is not None:
-                            graph = RoundGraph(target, cache, draft, draft_cache, gamma, sampling)
-                            graph.capture(target.graph_pool())
-                            cache.rounds[key] = graph
-                        done.append((draft.name if draft is not None else "plain", gamma, sampling))
+                        ensure((id(draft_cache) if draft_cache is not None else None, gamma, sampling), draft, draft_cache)
             finally:
                 if draft_session is not None:
                     draft_session.close()
     finally:
         session.close()
-    return done
 
 
 def _planned_positions(model: "LanguageModel", max_positions: int | None) -> int | None:
@@ -197,7 +198,7 @@ def _graph_for(run: Any, k: int) -> RoundGraph | None:
     if length < 2 or session.length != length - 1:
         return None
     key: tuple[Any, int, SamplingParams] = (None, 0, config.sampling)
-    if k > 0 and type(drafter) is ModelDrafter:
+    if k > 0 and planned_draft(drafter) is not GIVEN:
         draft_session = drafter.session
         draft_cache = getattr(draft_session, "cache", None)
         if draft_cache is None or not length - 2 <= draft_session.length <= length or length + k > draft_cache.capacity:
@@ -238,12 +239,12 @@ def graphed_round(run: Any, k: int) -> Round | None:
     new = [int(t) for t in values[1: n + 2]]
     betas = values[2 + gamma: 2 + gamma + min(n + 1, g)]
     run.session.advanced(length + n, passes=1, tokens=g + 1)  # it keeps the sequence and the accepted drafts
-    if proposal is not None or (gamma == 0 and run.drafter is not None):
-        run.drafter.update(n)  # after a plain step too, as the step-by-step round does
-    elif gamma > 0:
+    if proposal is None and gamma > 0:  # a model draft's round: the graph drafted and the draft cache advanced
         run.drafter.session.advanced(length + n - 1, passes=gamma, tokens=1)  # the next round re-feeds the last two
         run.drafter.forget_proposal()
         draft_calls = gamma
+    elif run.drafter is not None:  # given drafts, or a plain step of a drafting generation (as step by step)
+        run.drafter.update(n)
     run.stats.rounds_graphed += 1
     if proposal is None:
         proposal = Draft(out[2 * gamma + 2:].long())
