@@ -1,6 +1,6 @@
 """A device-side trace of plain decoding's step and of one speculative round, each replayed as one CUDA graph.
 
-    python scripts/gpu_trace.py --out DIR [--draft qwen2.5-coder-0.5b] [--gamma 4] [--compile]
+    python scripts/gpu_trace.py --out DIR [--draft qwen2.5-coder-0.5b | prompt-lookup | SPEC] [--gamma 4] [--compile]
 
 Loads the target and the draft on the GPU, prepares the capture plan (:func:`specdec.decoding.prepare_steps`:
 the step graphs and the whole rounds), warms up, then runs ``torch.profiler`` with CUDA activity over a short
@@ -22,6 +22,7 @@ import torch
 
 import specdec
 from specdec.decoding import prepare_steps
+from specdec.models.catalog import PRESETS
 from specdec.tasks import load_task
 
 
@@ -85,7 +86,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = specdec.load(args.target, device="cuda", compile=args.compile)
-    draft = specdec.load(args.draft, device="cuda", compile=args.compile)
+    # a preset is loaded here once (on the GPU, compiled like the target); any other draft spec (prompt-lookup,
+    # an n-gram draft) goes to generate as it is
+    draft = specdec.load(args.draft, device="cuda", compile=args.compile) if args.draft in PRESETS else args.draft
     prompt = load_task("humaneval").items[0].prompt
     prepare_steps(target, [draft], [args.gamma], 1024)
     for _ in range(2):  # warm: cuBLAS, allocator, the first graph replays

@@ -128,6 +128,14 @@ bench)
     setsid nohup bash "$THERE/bench$n.sh" >> "$THERE/bench.log" 2>&1 < /dev/null &
     echo "queued bench$n: $*"
     ;;
+convert)
+    # after join: convert presets (NAME...) into $SPECDEC_CACHE/models in the background, on the CPUs, outside the
+    # bench lock, so a bench queued later finds them converted (the 0.5B takes about 70 s on the H100 machine)
+    shift
+    setsid nohup bash -c ". $THERE/env.sh; for name in $*; do $PYTHON -c \"from specdec.models.presets import resolve_preset; resolve_preset('\$name')\"; done; echo converted $*" \
+        >> "$THERE/convert.log" 2>&1 < /dev/null &
+    echo "converting $* in the background"
+    ;;
 script)
     # after join: `$PYTHON scripts/NAME ARGS --out $THERE/traceN` queued like a bench (behind the benches)
     shift
@@ -148,11 +156,11 @@ collect)
     # wait up to $2 seconds for the background runs, then bring their logs and results back in $OUT
     end=$((SECONDS + ${2:-0}))
     while [ $SECONDS -lt $end ] && pgrep -f "bench[0-9]+.sh|trace[0-9]+.sh|pytest -p no:cacheprovider" > /dev/null; do sleep 2; done
-    (cd "$THERE" && tar czf "$OUT/gpu_runs.tgz" --ignore-failed-read cuda_tests.txt bench.log bench[0-9]* trace[0-9]* 2>/dev/null) || true
+    (cd "$THERE" && tar czf "$OUT/gpu_runs.tgz" --ignore-failed-read cuda_tests.txt bench.log convert.log bench[0-9]* trace[0-9]* 2>/dev/null) || true
     tail -n 40 "$THERE"/cuda_tests.txt "$THERE"/bench.log 2>/dev/null || true
     ;;
 *)
-    echo "usage: scripts/gpu_weights.sh pack | receive | join | tests | bench ARGS | script NAME ARGS | collect [SECONDS]   (see the comment at the top)" >&2
+    echo "usage: scripts/gpu_weights.sh pack | receive | join | tests | bench ARGS | convert NAME... | script NAME ARGS | collect [SECONDS]   (see the comment at the top)" >&2
     exit 2
     ;;
 esac
