@@ -30,6 +30,7 @@ def drafts_for(target):
         "target as its own draft": target,
         "random": "random",
         "prompt-lookup": "prompt-lookup",
+        "suffix": "suffix",
         "bigram": "bigram",
     }
 

@@ -50,11 +50,13 @@ def sampled_joint(target, draft, n_runs, max_new_tokens=2, **options):
         ("model", dict(gamma=2, temperature=1.0)),
         ("model", dict(gamma=1, temperature=0.7, top_k=5, top_p=0.9)),
         ("prompt-lookup", dict(gamma=2, temperature=1.0)),
+        ("suffix", dict(gamma=3, temperature=1.0)),
         ("none", dict(temperature=1.0)),
     ],
 )
 def test_first_two_tokens_follow_the_target(target, draft_kind, options):
-    draft = {"model": perturbed(target, 1.0, seed=3), "prompt-lookup": "prompt-lookup", "none": None}[draft_kind]
+    draft = {"model": perturbed(target, 1.0, seed=3), "prompt-lookup": "prompt-lookup", "suffix": "suffix",
+             "none": None}[draft_kind]
     sampling = SamplingParams(temperature=options["temperature"], top_k=options.get("top_k"), top_p=options.get("top_p", 1.0))
     probs = exact_joint(target, sampling)
     counts = sampled_joint(target, draft, N_RUNS, **options)

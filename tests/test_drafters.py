@@ -1,10 +1,14 @@
 """Parameter-free drafters, table-driven from their docstring examples, and the drafter protocol."""
 
+import random
+
 import pytest
 import torch
 
 import specdec
-from specdec.drafters import DraftContext, Drafter, NGramDrafter, PromptLookupDrafter, RandomDrafter, find_continuation, make_drafter
+from specdec.drafters import (DraftContext, Drafter, NGramDrafter, PromptLookupDrafter, RandomDrafter, SuffixDrafter,
+                              find_continuation, make_drafter, suffix_continuation)
+from specdec.errors import SpecDecError
 from specdec.sampling import SamplingParams
 from tiny import load_tiny
 
@@ -36,6 +40,76 @@ def test_prompt_lookup_drafter_proposes_without_probabilities():
     d.start(_ctx([1, 2, 3, 4, 1, 2]))
     draft = d.propose([1, 2, 3, 4, 1, 2], 4)
     assert draft.tokens.tolist() == [3, 4, 1, 2] and draft.q is None
+
+
+@pytest.mark.parametrize(
+    "context, k, options, expected",
+    [
+        ([1, 2, 3, 4, 9, 1, 2, 3], 3, {}, [4, 9, 1]),  # the longest match, [1, 2, 3], continued
+        ([5, 1, 7, 5, 1, 7, 8, 1], 4, {}, [7, 8]),  # only [1] matches (so 2 tokens at most): both say 7, then
+        # 5 or 8, a tie: the later, 8
+        ([4, 1, 2, 4, 1, 3, 9, 4, 1], 2, {}, [3, 9]),  # [4, 1] went on with 2 and with 3: a tie, the later wins
+        ([4, 1, 2, 4, 1, 2, 4, 1, 3, 4, 1], 2, {}, [2, 4]),  # 2 twice, 3 once: the most frequent wins over the latest
+        ([4, 1, 2, 4, 1, 3, 9, 4, 1], 2, {"min_probability": 0.6}, []),  # the tie leaves probability 1/2: nothing
+        ([1, 2, 3, 4, 5, 6, 0, 1, 2, 3], 8, {"spec_factor": 1.0}, [4, 5, 6]),  # at most 1 x the 3-token match
+        ([1, 2, 3, 4, 5, 6, 0, 1, 2, 3], 8, {"max_depth": 1}, [4, 5]),  # a 1-token match, spec_factor 2
+        ([1, 2, 3], 4, {}, []),  # nothing repeats
+        ([3, 3], 4, {}, [3]),  # the occurrence's continuation is the last token; nothing after it
+        ([1, 2, 1], 0, {}, []),
+    ],
+)
+def test_suffix_continuation(context, k, options, expected):
+    assert suffix_continuation(context, k, **options) == expected
+
+
+def _suffix_reference(context, k, max_depth=32, min_probability=0.1, spec_factor=2.0):
+    """The suffix draft written out with loops: every earlier occurrence of the longest repeated suffix, walked
+    forward by majority (ties: the occurrence that ends latest)."""
+    n = len(context)
+    depth, ends = 0, []
+    for d in range(1, min(max_depth, n - 1) + 1):
+        found = [e for e in range(d - 1, n - 1) if context[e - d + 1: e + 1] == context[n - d:]]
+        if not found:
+            break
+        depth, ends = d, found
+    if not depth or k <= 0:
+        return []
+    out, probability, cursors = [], 1.0, [e + 1 for e in ends]
+    while len(out) < min(k, int(spec_factor * depth)):
+        cursors = [c for c in cursors if c < n]
+        if not cursors:
+            break
+        counts = {}
+        for c in cursors:
+            counts.setdefault(context[c], []).append(c)
+        token = max(counts, key=lambda t: (len(counts[t]), max(counts[t])))
+        probability *= len(counts[token]) / len(cursors)
+        if probability < min_probability:
+            break
+        out.append(token)
+        cursors = [c + 1 for c in counts[token]]
+    return out
+
+
+def test_suffix_continuation_equals_the_loop_reference_on_random_sequences():
+    rng = random.Random(0)
+    checked = proposed = 0
+    for _ in range(400):
+        context = [rng.randrange(4) for _ in range(rng.randrange(1, 60))]
+        for options in ({}, {"min_probability": 0.4}, {"spec_factor": 1.0, "max_depth": 3}):
+            expected = _suffix_reference(context, 6, **options)
+            assert suffix_continuation(context, 6, **options) == expected, (context, options)
+            checked, proposed = checked + 1, proposed + bool(expected)
+    assert proposed > checked // 2  # the cases exercise proposals, not only empty answers
+
+
+def test_suffix_drafter_proposes_without_probabilities_and_checks_its_settings():
+    d = SuffixDrafter()
+    d.start(_ctx([1, 2, 3, 4, 1, 2]))
+    draft = d.propose([1, 2, 3, 4, 1, 2], 4)
+    assert draft.tokens.tolist() == [3, 4, 1, 2] and draft.q is None
+    with pytest.raises(SpecDecError, match="min_probability"):
+        SuffixDrafter(min_probability=2.0)
 
 
 def test_bigram_counts_and_greedy_proposal():
@@ -113,6 +187,7 @@ def test_make_drafter_names_and_protocol():
     target = load_tiny()
     assert make_drafter(None, target) is None
     assert isinstance(make_drafter("prompt-lookup", target), PromptLookupDrafter)
+    assert isinstance(make_drafter("suffix", target), SuffixDrafter)
     assert make_drafter("bigram", target).order == 2 and make_drafter("unigram", target).order == 1
     assert isinstance(make_drafter("random", target), RandomDrafter)
     assert make_drafter(target, target).model is target

@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``specdec alpha`` options."""
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target model: preset, folder or hub id")
     parser.add_argument("--drafts", nargs="+", default=list(DEFAULT_DRAFTS), metavar="SPEC",
-                        help="drafts to measure: models (NAME or NAME:int8), prompt-lookup, unigram, bigram, random, "
+                        help="drafts to measure: models (NAME or NAME:int8), prompt-lookup, suffix, unigram, bigram, random, "
                              "or a hierarchy 'A<-B' (default: %(default)s)")
     parser.add_argument("--task", default=DEFAULT_TASK,
                         help="humaneval, translation, summarization, jsonl:PATH, wmt:SRC,REF, cnndm:PATH")

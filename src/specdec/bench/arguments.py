@@ -29,10 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the bench options to ``parser``."""
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target model: preset, folder or hub id")
     parser.add_argument("--draft", default=DEFAULT_DRAFT,
-                        help="draft model, or a drafter name (prompt-lookup, unigram, bigram, random)")
+                        help="draft model, or a drafter name (prompt-lookup, suffix, unigram, bigram, random)")
     parser.add_argument("--drafts", nargs="+", default=None, metavar="SPEC",
                         help="several drafts (replaces --draft; the first is the primary one): NAME, NAME:int8, "
-                             "prompt-lookup, unigram, bigram, random, or a hierarchy 'A<-B' (quote it)")
+                             "prompt-lookup, suffix, unigram, bigram, random, or a hierarchy 'A<-B' (quote it)")
     parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
                         help="draft tokens per target call (constant); also the start of the varying schedules and "
                              "the gamma of transformers' assisted generation and of lenience runs")

@@ -5,7 +5,7 @@ levels, checked before anything loads, then built into the drafter the decoding 
     plan.check(dtype="bf16", device="cpu")                         # every check loading would make
     drafter = plan.build(target, inner_gamma=4)                    # load the models, build the drafters
 
-A level is a drafter name (``prompt-lookup``, ``unigram``, ``bigram``, ``random``), a model source (a
+A level is a drafter name (``prompt-lookup``, ``suffix``, ``unigram``, ``bigram``, ``random``), a model source (a
 preset, a folder, a hub id, a .gguf file) with its quantization, or an object the user passed (a loaded
 model, a :class:`~specdec.drafters.base.Drafter`). The top level drafts for the target; each model level
 is drafted for by the levels below it (hierarchical drafting); parameter-free drafters come last.
@@ -25,11 +25,13 @@ from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.drafters.random_tokens import RandomDrafter
 from specdec.drafters.retokenized import RetokenizedDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.drafters.spec import PLAIN, DraftLevel, as_draft_error, format_spec, is_plain, parse_spec
 from specdec.errors import SpecDecError
 
 DRAFTER_NAMES: dict[str, Callable[[], Drafter]] = {
     "prompt-lookup": PromptLookupDrafter,
+    "suffix": SuffixDrafter,
     "unigram": lambda: NGramDrafter(order=1),
     "bigram": lambda: NGramDrafter(order=2),
     "random": RandomDrafter,

@@ -2,7 +2,7 @@
 
     SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
     LEVEL := NAME [":" QUANT]         NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
-                                      drafter (prompt-lookup, unigram, bigram, random); QUANT: int8,
+                                      drafter (prompt-lookup, suffix, unigram, bigram, random); QUANT: int8,
                                       int8-tensor or llama-cpp (model levels only; without it the model
                                       runs unquantized; llama-cpp: its GGUF in llama.cpp)
 
