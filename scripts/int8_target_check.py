@@ -4,7 +4,7 @@ target's bench, the bf16 default's bench, and the done-when figures read from th
     python scripts/int8_target_check.py --out docs/results/int8_target/avx2   # about 1.5 h on 2 cores
     python scripts/int8_target_check.py --out DIR --report                    # the figures of runs in DIR
 
-The benches are the README's ("The int8 target", Speed): 20 HumanEval prompts x 128 new tokens, greedy,
+The benches are those of docs/int8_target.md (Speed): 20 HumanEval prompts x 128 new tokens, greedy,
 2 threads, prefill included, the methods alternating prompt by prompt. llama.cpp plain runs in both
 (llama-cpp-python, ``make test-setup`` builds it); without it the bench says it skipped it and so does
 the verdict. Run it with the machine to yourself. The verdict (``DIR/verdict.md``, and printed):

@@ -7,7 +7,7 @@ client taking the next request as soon as its last one finished. It reports requ
 p50/p95 time to first token and end-to-end latency, and checks every response's text against that
 request's single-request output (the same request sent alone, to a server of --max-batch 1 first).
 
-    python scripts/load_test.py --out docs/results/load_test            # the README's table
+    python scripts/load_test.py --out docs/results/load_test            # the table of docs/serving.md
     python scripts/load_test.py --batches 1,8 --clients 1,8 --requests 8 --max-tokens 16,32   # quicker
 
 Timing is not CI's business: this is a benchmark command. Run it with the machine to yourself.

@@ -21,7 +21,7 @@ import sys as _sys
 # waking sleeping threads for each costs more than the work; llama.cpp's threads poll the same way. The
 # OpenMP runtime reads this once, when torch loads it, so it is set only if torch is not imported yet, and
 # never over your own choice: OMP_WAIT_POLICY=PASSIVE for a machine shared with other busy processes
-# (README, "The int8 target").
+# (docs/omp_threads.md).
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 

@@ -17,7 +17,7 @@ error 0.018 against 0.029 on a random 1536x8960 layer). Attention is made block-
 :mod:`specdec.models.row_attention`; together they make the int8 model's logits for a k-token block
 identical to k one-token steps, which is what exact verification needs.
 
-The appended columns are padded to a multiple of :data:`K_ALIGN` (measured: README, "The int8 target").
+The appended columns are padded to a multiple of :data:`K_ALIGN` (measured: docs/int8_target.md).
 A :class:`Int8Linear` keeps one workspace per thread and width (``[rows, K + pad]``, the pinned columns
 written once), so a forward pass allocates nothing but its output.
 """
@@ -99,7 +99,7 @@ def _packing_pool() -> ThreadPoolExecutor:
     global _packer
     if _packer is None:
         # as many threads as torch computes with (measured against one thread and against packing before
-        # the load returns: README, "Loading the presets")
+        # the load returns: docs/presets.md, "Loading the presets")
         _packer = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()), thread_name_prefix="specdec-pack")
     return _packer
 

@@ -51,8 +51,8 @@ _KINDS = (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512_vnni", 
 
 def cpu_kind(flags: set[str] | None = None) -> str:
     """What kind of CPU this is for matrix kernels: its best instruction sets, e.g. ``"AVX-512 BF16, AVX-512
-    VNNI"`` or ``"AVX2 only"`` (bf16 verification is dear without AVX-512 BF16 or AMX: README, "The int8
-    target"). ``flags``: /proc/cpuinfo's (read here when None); "unknown" where there are none."""
+    VNNI"`` or ``"AVX2 only"`` (bf16 verification is dear without AVX-512 BF16 or AMX: docs/int8_target.md
+    and docs/benchmarks.md). ``flags``: /proc/cpuinfo's (read here when None); "unknown" where there are none."""
     if flags is None:
         flags = set(_cpuinfo()[1])
     have = [name for flag, name in _KINDS if flag in flags]
