@@ -21,21 +21,10 @@ from typing import Any, Callable
 from specdec.drafters.base import CORE, Completed, Drafter
 from specdec.drafters.hierarchical import SpeculativeDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import NGramDrafter
-from specdec.drafters.prompt_lookup import PromptLookupDrafter
-from specdec.drafters.random_tokens import RandomDrafter
+from specdec.drafters.names import DRAFTER_NAMES
 from specdec.drafters.retokenized import RetokenizedDrafter
-from specdec.drafters.suffix import SuffixDrafter
 from specdec.drafters.spec import PLAIN, DraftLevel, as_draft_error, format_spec, is_plain, parse_spec
 from specdec.errors import SpecDecError
-
-DRAFTER_NAMES: dict[str, Callable[[], Drafter]] = {
-    "prompt-lookup": PromptLookupDrafter,
-    "suffix": SuffixDrafter,
-    "unigram": lambda: NGramDrafter(order=1),
-    "bigram": lambda: NGramDrafter(order=2),
-    "random": RandomDrafter,
-}
 
 # get(name, quantize) -> a loaded model: how a plan's named model levels load (specdec.load by default; the
 # bench passes its pool's, which loads each model once)

@@ -29,7 +29,7 @@ class DraftLevel(NamedTuple):
 
 
 def _drafter_names() -> Any:
-    from specdec.drafters.plan import DRAFTER_NAMES
+    from specdec.drafters.names import DRAFTER_NAMES
 
     return DRAFTER_NAMES
 
