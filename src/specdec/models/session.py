@@ -23,16 +23,30 @@ sequences: it rolls back to the longest common prefix with what the session hold
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
-from specdec.models.graphs import MAX_GRAPH_WIDTH, graph_for, static_step
+from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, graph_for, static_step
 from specdec.models.kv_cache import cache_argument, preallocated_cache
 from specdec.models.static_cache import StaticKVCache
 
-if TYPE_CHECKING:
-    from specdec.models.causal import LanguageModel
+
+class SessionModel(Protocol):
+    """What a session reads of its model (a :class:`~specdec.models.causal.LanguageModel`, which builds the
+    sessions: declared here so that this module needs nothing of that one)."""
+
+    hf_model: Any  # the transformers module
+    cuda_graphs: bool
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def acquire_cache(self, max_positions: int | None) -> StaticKVCache: ...
+
+    def release_cache(self, cache: StaticKVCache) -> None: ...
+
+    def captured_step(self, cache: StaticKVCache, width: int) -> CapturedStep: ...
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -48,7 +62,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 class ModelSession:
     """The calls every session offers; subclasses implement ``_extend`` and ``_truncate``."""
 
-    def __init__(self, model: "LanguageModel"):
+    def __init__(self, model: SessionModel):
         self.model = model
         self.device = model.device
         self.length = 0  # positions held by the cache
@@ -133,7 +147,7 @@ class ModelSession:
 class DynamicSession(ModelSession):
     """transformers' DynamicCache with preallocated in-place layers; attention over the filled length."""
 
-    def __init__(self, model: "LanguageModel", max_positions: int | None = None):
+    def __init__(self, model: SessionModel, max_positions: int | None = None):
         super().__init__(model)
         self.cache = self._new_cache()
 
@@ -162,7 +176,7 @@ class StaticSession(ModelSession):
     taken from the model's pool holds at least that plus the widest padded step.
     """
 
-    def __init__(self, model: "LanguageModel", max_positions: int | None = None):
+    def __init__(self, model: SessionModel, max_positions: int | None = None):
         super().__init__(model)
         self.cache: StaticKVCache = model.acquire_cache(max_positions)
 
