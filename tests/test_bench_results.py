@@ -109,7 +109,7 @@ def test_generate_on_tiny_models(tmp_path, task_file):
 def test_results_keeps_unit_records_and_a_rerun_resumes_from_them(tmp_path):
     """--records: the alpha and bench steps' units are kept once; the same command again reads them back
     and runs no unit (a long sweep cut short resumes where it stopped)."""
-    from specdec.sweeps import units as units_module
+    from specdec.sweeps import execution
 
     target = load_tiny("llama", sharp=3.0)
     pool = ModelPool("fp32", {"tiny": target, "tiny-draft": perturbed(target, 0.3)})
@@ -135,7 +135,7 @@ def test_results_keeps_unit_records_and_a_rerun_resumes_from_them(tmp_path):
     def must_not_run(unit):
         raise AssertionError(f"unit {unit.id} ran again")
 
-    real_execute = units_module.execute
+    real_execute = execution.execute
 
     def execute_without_running(units, run, **kwargs):
         return real_execute(units, must_not_run, **kwargs)

@@ -4,7 +4,8 @@ A unit carries everything it needs to run on its own (the command's options as p
 temperature, the indices of its prompts) and returns plain records (JSON-able dicts). Its id is stable:
 the command, a hash of the options and its shard, so a rerun, a retry or another machine running the
 same unit writes the same records under the same id. The aggregation reads records only, wherever
-they came from (:func:`execute` in-process, or :mod:`specdec.sweeps.on_ray`).
+they came from (:func:`specdec.sweeps.execution.execute`: in-process, or on Ray with
+:mod:`specdec.sweeps.on_ray`).
 
 The store (``--records DIR``) keeps each finished unit's records as ``DIR/<unit id>.jsonl``, written
 once (to a temporary file, then renamed): a unit that finished is never run again, so a sweep cut
@@ -18,12 +19,9 @@ import hashlib
 import importlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
-
-from tqdm import tqdm
+from typing import Any, Callable, Iterable
 
 from specdec.errors import SpecDecError
 
@@ -141,51 +139,6 @@ class RecordStore:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
         os.replace(tmp, path)
-
-
-def execute(units: Sequence[Unit], run: Callable[[Unit], Records], *, ray: str | None = None,
-            num_cpus: int = 1, records: str | os.PathLike | None = None, progress: bool = True,
-            on_unit: Callable[[Unit, Records], None] | None = None,
-            remote: Callable[[Unit], Records] | None = None) -> list[Records]:
-    """Every unit's records, in the units' order.
-
-    run: runs a unit in this process (models already loaded). ray: None runs the units here one after
-    the other; an address (``local`` for a cluster on this machine, ``auto``, ``ray://host:port``) runs
-    them as Ray tasks of ``num_cpus`` CPUs each, with ``remote`` (default :func:`run_unit`, which loads
-    the models from the options) in the workers. Units already in the ``records`` folder are read, not
-    run. on_unit(unit, records) is called as each unit's records arrive (in arrival order).
-    """
-    store = RecordStore(records)
-    results: dict[str, Records] = {}
-    todo = []
-    for unit in units:
-        if store.done(unit):
-            results[unit.id] = store.read(unit)
-        else:
-            todo.append(unit)
-    bar = tqdm(total=len(units), initial=len(units) - len(todo), desc=units[0].command if units else "sweep",
-               unit="unit", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-
-    def arrived(unit: Unit, got: Records) -> None:
-        got = json.loads(json.dumps(got))  # the same plain values whether they come from here, Ray or the store
-        store.write(unit, got)
-        results[unit.id] = store.read(unit) if store.done(unit) else got
-        if on_unit is not None:
-            on_unit(unit, results[unit.id])
-        bar.update()
-
-    try:
-        if ray is None:
-            for unit in todo:
-                bar.set_postfix_str(unit.id)
-                arrived(unit, run(unit))
-        else:
-            from specdec.sweeps.on_ray import run_on_ray
-
-            run_on_ray(todo, remote or run_unit, address=ray, num_cpus=num_cpus, arrived=arrived)
-    finally:
-        bar.close()
-    return [results[unit.id] for unit in units]
 
 
 def flatten(parts: Iterable[Records]) -> Records:
