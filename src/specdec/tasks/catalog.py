@@ -304,23 +304,3 @@ def ngram_corpus(choice: str, task: Task) -> tuple[str | None, str]:
     if not path.is_file():
         raise SpecDecError(f"--ngram-corpus: {path} is not a file (use 'task', 'prompt' or a text file)")
     return path.read_text(encoding="utf-8"), str(path)
-
-
-def load_task(spec: str, n: int | None = None) -> Task:
-    """A task by name (``humaneval``, ``translation``, ``summarization``) or ``KIND:PATH`` (``jsonl``,
-    ``wmt``, ``cnndm``), keeping its first ``n`` items (all with None)."""
-    if spec in ("humaneval", "code"):
-        return humaneval_task(n)
-    if spec == "translation":
-        return translation_task(n)
-    if spec == "summarization":
-        return summarization_task(n)
-    from specdec.tasks.files import FILE_TASKS  # they build on this module
-
-    kind, _, rest = spec.partition(":")
-    if rest and kind in FILE_TASKS:
-        return FILE_TASKS[kind](rest, n)
-    raise SpecDecError(
-        f"unknown task {spec!r}; use one of {', '.join(BUILT_IN)}, or jsonl:PATH, wmt:SRC,REF (or wmt:FILE.tsv), "
-        "cnndm:PATH"
-    )
