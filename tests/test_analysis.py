@@ -115,3 +115,19 @@ def test_speculation_pays_exactly_when_some_gamma_wins():
                 wins = max(walltime_improvement(alpha, g, c, s) for g in range(1, 60)) > 1.0 + 1e-12
                 assert speculation_pays(alpha, c, s) == wins, (alpha, c, s)
     assert min_improvement(0.9, 0.1, 0.3) == pytest.approx(1.9 / 1.4)
+
+
+def test_a_fixed_cost_per_round_favours_longer_drafts():
+    """f target steps per round whatever gamma (a model draft's catch-up pass): Theorem 8's denominator gains f,
+    the best gamma grows, and speculation can pay only from some gamma on (gamma = 1 no longer decides)."""
+    assert walltime_improvement(0.9, 4, 0.1, s=0.05, f=0.5) == pytest.approx(expected_tokens(0.9, 4) / (4 * 0.15 + 1.5))
+    assert optimal_gamma(0.944, 0.37, 8, s=0.09, f=0.37) > optimal_gamma(0.944, 0.37, 8, s=0.09)
+    alpha, c, s, f = 0.9, 0.2, 0.1, 0.8
+    assert walltime_improvement(alpha, 1, c, s, f) < 1.0 < walltime_improvement(alpha, 6, c, s, f)
+    assert speculation_pays(alpha, c, s, f, max_gamma=8) and not speculation_pays(alpha, c, s, f, max_gamma=1)
+    for alpha in (0.3, 0.7, 0.95):
+        for f in (0.0, 0.4, 1.5):
+            wins = max(walltime_improvement(alpha, g, 0.2, 0.1, f) for g in range(1, 17)) > 1.0
+            assert speculation_pays(alpha, 0.2, 0.1, f, max_gamma=16) == wins, (alpha, f)
+    with pytest.raises(ValueError, match="f must be >= 0"):
+        walltime_improvement(0.8, 2, 0.1, f=-0.1)

@@ -43,17 +43,21 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return float(sum(alpha**i for i in range(gamma + 1)))
 
 
-def walltime_improvement(alpha: float, gamma: int, c: float, s: float = 0.0) -> float:
+def walltime_improvement(alpha: float, gamma: int, c: float, s: float = 0.0, f: float = 0.0) -> float:
     """Theorem 8: expected walltime improvement, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
 
     With a marginal verification cost s the target's pass costs 1 + s gamma steps instead of 1, so the
-    denominator becomes gamma (c + s) + 1: s acts as extra draft cost per drafted token.
+    denominator becomes gamma (c + s) + 1: s acts as extra draft cost per drafted token. A draft that also
+    costs f target steps per round whatever gamma is (a model draft's catch-up pass over the last two tokens)
+    adds f: gamma (c + s) + 1 + f.
     """
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
     if s < 0:
         raise ValueError(f"s must be >= 0, got {s}")
-    return expected_tokens(alpha, gamma) / (gamma * (c + s) + 1.0)
+    if f < 0:
+        raise ValueError(f"f must be >= 0, got {f}")
+    return expected_tokens(alpha, gamma) / (gamma * (c + s) + 1.0 + f)
 
 
 def operations_factor(alpha: float, gamma: int, c_hat: float) -> float:
@@ -64,8 +68,9 @@ def operations_factor(alpha: float, gamma: int, c_hat: float) -> float:
     return (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
 
 
-def optimal_gamma(alpha: float, c: float, max_gamma: int = 32, s: float = 0.0) -> int:
-    """Section 3.5: the integer gamma in [1, max_gamma] maximising Theorem 8 (smallest on ties).
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 32, s: float = 0.0, f: float = 0.0) -> int:
+    """Section 3.5: the integer gamma in [1, max_gamma] maximising Theorem 8 (smallest on ties; s and f as in
+    :func:`walltime_improvement`).
 
     It may still be slower than plain decoding: :func:`speculation_pays` tells whether any gamma wins.
     """
@@ -73,7 +78,7 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 32, s: float = 0.0) -
         raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
     best, best_value = 1, -math.inf
     for gamma in range(1, max_gamma + 1):
-        value = walltime_improvement(alpha, gamma, c, s)
+        value = walltime_improvement(alpha, gamma, c, s, f)
         if value > best_value + 1e-12:
             best, best_value = gamma, value
     return best
@@ -86,14 +91,17 @@ def min_improvement(alpha: float, c: float, s: float = 0.0) -> float:
     return (1.0 + alpha) / (1.0 + c + s)
 
 
-def speculation_pays(alpha: float, c: float, s: float = 0.0) -> bool:
+def speculation_pays(alpha: float, c: float, s: float = 0.0, f: float = 0.0, max_gamma: int = 32) -> bool:
     """Whether some gamma >= 1 beats plain decoding: alpha > c + s.
 
     Theorem 8 (with s) is E[tokens](gamma) / (1 + gamma (c + s)); each extra drafted token adds at most
-    alpha^gamma <= alpha expected tokens and costs c + s, so if gamma = 1 does not win, no gamma does.
+    alpha^gamma <= alpha expected tokens and costs c + s, so if gamma = 1 does not win, no gamma does. With a
+    fixed cost per round f > 0 a longer draft spreads it, so every gamma up to ``max_gamma`` is tried.
     """
     _check_alpha(alpha)
-    return alpha > c + s
+    if f == 0:
+        return alpha > c + s
+    return any(walltime_improvement(alpha, g, c, s, f) > 1.0 for g in range(1, max_gamma + 1))
 
 
 def oracle_expected_tokens(alpha: float) -> float:

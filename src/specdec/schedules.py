@@ -6,9 +6,9 @@ output distribution exact.
 - ``constant``: gamma every step (the paper's setting).
 - ``heuristic``: +2 after a fully accepted step, -1 otherwise, within [1, max_gamma] (the rule of
   transformers' assisted generation).
-- ``adaptive``: keeps exponentially weighted estimates of alpha (from the observed
-  beta = sum_x min(p, q)), of the cost ratio c and of the marginal verification cost s (from the
-  measured draft and target times), drafts optimal_gamma(alpha, c, s) tokens, the maximiser of
+- ``adaptive``: keeps exponentially weighted estimates of alpha (the ratio of the decayed sums of the
+  observed beta = sum_x min(p, q) and of the positions verified), of the cost ratio c and of the marginal
+  verification cost s (from the measured draft and target times), drafts optimal_gamma(alpha, c, s) tokens, the maximiser of
   Theorem 8, and drafts nothing (plain steps, with a probe now and then) where no gamma pays.
 - ``confidence``: drafts up to max_gamma tokens but the draft stops as soon as its own top
   probability falls below a threshold (decided inside the drafter, see ``Drafter.stop_below``).
@@ -23,9 +23,11 @@ from specdec.analysis import optimal_gamma, speculation_pays
 SCHEDULES = ("constant", "heuristic", "adaptive", "confidence")
 HEURISTIC_GROW = 2  # heuristic: gamma + 2 after a step whose drafted tokens were all accepted ...
 HEURISTIC_SHRINK = 1  # ... and gamma - 1 after a rejection (the report's rule)
-ADAPTIVE_DECAY = 0.9  # adaptive: weight of the past in the exponential averages of alpha and times
-ADAPTIVE_ALPHA0 = 0.8  # adaptive: alpha assumed before any step was observed
+ADAPTIVE_DECAY = 0.9  # adaptive: weight of the past, per step, in the exponential averages of alpha and times
+ADAPTIVE_ALPHA0 = 0.8  # adaptive: alpha assumed before any step was observed ...
+ADAPTIVE_PRIOR_POSITIONS = 1.0  # ... with the weight of this many verified positions
 ADAPTIVE_PROBE_EVERY = 16  # adaptive: plain steps between two probing steps that draft one token
+ADAPTIVE_LEARNING_STEPS = 4  # adaptive: steps at most spent timing a second draft size before deciding
 
 
 @dataclass
@@ -75,15 +77,22 @@ class HeuristicSchedule(GammaSchedule):
 class AdaptiveSchedule(GammaSchedule):
     """Theorem 8 on running estimates of alpha, c and the marginal verification cost s.
 
-    From every step it learns alpha (an exponential average of the observed betas), the draft's time
-    per drafted token, and the target's time per pass for each pass size k (drafted + 1 tokens). A
-    least-squares line through the mean pass times, T(k) = T1 (1 + s (k - 1)), gives the single-step
-    time T1 and s; c is the draft's time per token over T1. It then drafts
-    ``optimal_gamma(alpha, c, max_gamma, s)`` tokens, or none (a plain step) when no gamma beats plain
-    decoding (alpha <= c + s, see :func:`specdec.analysis.speculation_pays`). Plain steps also time T1,
+    From every step it learns alpha (the decayed sum of the observed betas over the decayed count of the
+    positions verified: a step's betas are one token's each up to the first rejection, so a per-token
+    average read right after a rejection, as every decision is made, would sit well below alpha and draft
+    too little: 0.85 for a draft accepted 94% of the time, gamma 2 where 5 was best), the draft's time
+    per round for each number of drafted tokens, and the target's time per pass for each pass size k
+    (drafted + 1 tokens). A least-squares line through the mean pass times, T(k) = T1 (1 + s (k - 1)),
+    gives the single-step time T1 and s; one through the draft's, D(g) = T1 (f + c g), gives c and the
+    draft's fixed cost per round f (a model draft's catch-up pass; taken as 0 until two sizes are timed).
+    Without f a round's fixed cost would count as cost per token, larger the fewer tokens are drafted, and
+    pull gamma down step after step (on the AMX Xeon the int8 0.5B's adaptive run drafted 2 tokens where a
+    constant 4 was 12% faster). It then drafts ``optimal_gamma(alpha, c, max_gamma, s, f)`` tokens, or none
+    (a plain step) when no gamma beats plain decoding (see :func:`specdec.analysis.speculation_pays`). Plain steps also time T1,
     and every ``probe_every`` of them drafts one token to keep alpha and c up to date.
 
-    Until two pass sizes have been timed it drafts ``gamma`` and then 1 token, so that s can be fitted.
+    Until two pass sizes have been timed it drafts ``gamma`` and then 1 token, so that s can be fitted, and
+    until two draft sizes have (a few steps at most) it goes on alternating, so that f can be.
     Passes larger than max_gamma + 1 tokens (the prefill) are not timed. The draft is timed only on steps
     that follow a drafting step: on the first step a model draft also reads the whole prompt, and after
     plain steps it first catches up with every token it missed, which would inflate c. ``decay`` is the
@@ -98,9 +107,14 @@ class AdaptiveSchedule(GammaSchedule):
         self.decay = decay
         self.probe_every = probe_every
         self.alpha = alpha0
+        self._beta_sum = alpha0 * ADAPTIVE_PRIOR_POSITIONS  # decayed sum of the betas (the prior's weight first)
+        self._positions = ADAPTIVE_PRIOR_POSITIONS  # decayed count of the positions they verified
         self.c: float | None = None
         self.s: float | None = None
-        self._draft_time_per_token: float | None = None
+        self.f: float | None = None
+        self._first_gamma = gamma
+        self._learning_steps = 0  # steps spent timing a second draft size (at most LEARNING_STEPS)
+        self._draft_time: dict[int, float] = {}  # drafted tokens g -> averaged seconds of drafting
         self._pass_time: dict[int, float] = {}  # pass size k -> averaged seconds
         self._plain_steps = 0  # consecutive steps decided plain (counts to the next probe)
         self.plain_steps = 0  # all of them
@@ -110,25 +124,46 @@ class AdaptiveSchedule(GammaSchedule):
     def _ewma(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
+    @staticmethod
+    def _line(points: dict[int, float], at: int) -> tuple[float, float]:
+        """(value at ``at``, slope >= 0) of the least-squares line through {x: y} (two x's at least)."""
+        xs = list(points)
+        ys = [points[x] for x in xs]
+        x_mean, y_mean = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys)) / sum((x - x_mean) ** 2 for x in xs)
+        slope = max(slope, 0.0)
+        return y_mean - slope * (x_mean - at), slope
+
     def _fit(self) -> tuple[float, float] | None:
         """(T1, s) from the averaged pass times, or None before two pass sizes are known."""
         if len(self._pass_time) < 2:
             return None
-        ks = list(self._pass_time)
-        ts = [self._pass_time[k] for k in ks]
-        k_mean, t_mean = sum(ks) / len(ks), sum(ts) / len(ts)
-        slope = sum((k - k_mean) * (t - t_mean) for k, t in zip(ks, ts)) / sum((k - k_mean) ** 2 for k in ks)
-        slope = max(slope, 0.0)
-        t1 = t_mean - slope * (k_mean - 1)
+        t1, slope = self._line(self._pass_time, 1)
         if t1 <= 0:
             return None
         return t1, slope / t1
 
+    def _draft_costs(self, t1: float) -> tuple[float, float] | None:
+        """(c, f) in target steps from the averaged drafting times: per drafted token and per round."""
+        if not self._draft_time:
+            return None
+        if len(self._draft_time) < 2:  # one size timed: all of it per token
+            ((g, t),) = self._draft_time.items()
+            return t / g / t1, 0.0
+        fixed, per_token = self._line(self._draft_time, 0)
+        if fixed < 0:  # the line through the origin would fit better: no fixed cost
+            g_mean = sum(self._draft_time) / len(self._draft_time)
+            return sum(self._draft_time.values()) / len(self._draft_time) / g_mean / t1, 0.0
+        return per_token / t1, fixed / t1
+
     def update(self, feedback: StepFeedback) -> None:
-        for beta in feedback.betas:
-            self.alpha = self._ewma(self.alpha, beta)
-        if feedback.drafted > 0 and feedback.time_draft > 0 and self._drafted_before:
-            self._draft_time_per_token = self._ewma(self._draft_time_per_token, feedback.time_draft / feedback.drafted)
+        if feedback.betas:
+            self._beta_sum = self.decay * self._beta_sum + sum(feedback.betas)
+            self._positions = self.decay * self._positions + len(feedback.betas)
+            self.alpha = self._beta_sum / self._positions
+        g = feedback.drafted
+        if 0 < g <= self.max_gamma and feedback.time_draft > 0 and self._drafted_before:
+            self._draft_time[g] = self._ewma(self._draft_time.get(g), feedback.time_draft)
         self._drafted_before = feedback.drafted > 0
         k = feedback.target_tokens
         if 0 < k <= self.max_gamma + 1 and feedback.time_target > 0:
@@ -139,22 +174,29 @@ class AdaptiveSchedule(GammaSchedule):
                 self.gamma = 1 if 2 not in self._pass_time else max(2, self.gamma)
             return
         t1, self.s = fit
-        if self._draft_time_per_token is not None:
-            self.c = self._draft_time_per_token / t1
+        if len(self._draft_time) < 2 and self._learning_steps < ADAPTIVE_LEARNING_STEPS:
+            # one draft size cannot tell a fixed cost per round from a cost per token: time another one first
+            self._learning_steps += 1
+            self.gamma = self._first_gamma if 1 in self._draft_time or not self._draft_time else 1
+            return
+        costs = self._draft_costs(t1)
+        if costs is not None:
+            self.c, self.f = costs
         if self.c is None:
             return
         alpha = min(max(self.alpha, 0.0), 1.0 - 1e-6)
-        self.pays = speculation_pays(alpha, self.c, self.s)
+        self.pays = speculation_pays(alpha, self.c, self.s, self.f, self.max_gamma)
         if self.pays:
             self._plain_steps = 0
-            self.gamma = optimal_gamma(alpha, self.c, self.max_gamma, self.s)
+            self.gamma = optimal_gamma(alpha, self.c, self.max_gamma, self.s, self.f)
         else:
             self._plain_steps += 1
             self.gamma = 1 if self._plain_steps % self.probe_every == 0 else 0
             self.plain_steps += self.gamma == 0
 
     def report(self) -> dict:
-        return {**super().report(), "alpha": self.alpha, "c": self.c, "s": self.s, "plain_steps": self.plain_steps,
+        return {**super().report(), "alpha": self.alpha, "c": self.c, "s": self.s, "f": self.f,
+                "plain_steps": self.plain_steps,
                 "pays": self.pays}
 
 
