@@ -320,6 +320,21 @@ BAD = [  # (path, body, status, the error's param, words of its message)
      400, "messages[0].content", 'messages[0].content must be a string or a list of text parts'),
     ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "w1"}], "max_tokens": -3},
      400, "max_tokens", "'max_tokens' must be an integer >= 1, got -3"),
+    ("/v1/completions", b'{"model": "{model}", "prompt": "w1 \\udcff"}',  # a lone surrogate: no tokenizer takes it
+     400, "prompt", "prompt holds invalid Unicode: a lone surrogate"),
+    ("/v1/chat/completions", b'{"model": "{model}", "messages": [{"role": "user", "content": "\\ud800w1"}]}',
+     400, "messages[0].content", "messages[0].content holds invalid Unicode: a lone surrogate"),
+    ("/v1/completions", b'{"model": "{model}", "prompt": "w1", "stop": ["\\udfff"]}',
+     400, "stop[0]", "stop[0] holds invalid Unicode"),
+    ("/v1/completions", b'{"model": "{model}", "prompt": "w1 \xff"}', 400, None, "the request body is not valid JSON"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "max_tokens": 10 ** 30},
+     400, "max_tokens", "this model's context is 4096 tokens; you asked for"),
+    ("/v1/completions", b'{"model": "{model}", "prompt": "w1", "temperature": NaN}',
+     400, "temperature", "'temperature' must be a number >= 0, got nan"),
+    ("/v1/completions", b'{"model": "{model}", "prompt": "w1", "top_p": Infinity}',
+     400, "top_p", "'top_p' must be a number in (0, 1], got inf"),
+    ("/v1/completions", {"model": M, "prompt": "w1 " * 5000}, 400, "prompt", "but the model reads at most 4096"),
+    ("/v1/completions", {"model": M, "prompt": {"text": "w1"}}, 400, "prompt", "'prompt' must be a string or a list"),
     ("/v1/nowhere", {}, 404, None, 'Not Found'),
 ]
 
@@ -329,6 +344,8 @@ BAD = [  # (path, body, status, the error's param, words of its message)
 def test_bad_requests_answer_an_error_object(server, path, body, status, param, message):
     if isinstance(body, dict):
         body = {k: server.model if v == M else v for k, v in body.items()}
+    else:
+        body = body.replace(M.encode(), server.model.encode())
     answer = post(server, path, body)
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]

@@ -91,7 +91,32 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise APIError(400, f"the request body is not valid JSON ({err})", code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    where = _lone_surrogate(body)
+    if where is not None:
+        path, index = where
+        raise APIError(400, f"{path or 'a key'} holds invalid Unicode: a lone surrogate (a \\ud800-\\udfff escape "
+                            f"without its pair) at character {index}; send valid UTF-8 text", param=path or None,
+                       code="invalid_unicode")
     return body
+
+
+def _lone_surrogate(value: Any, path: str = "") -> tuple[str, int] | None:
+    """(the field's path, the character's index) of the first string in a parsed JSON value that holds a lone
+    surrogate, or None. JSON escapes such as "\\udcff" decode to one; no text encoding, so no tokenizer, takes it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return path, err.start
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _lone_surrogate(key) is not None:
+            return path, 0
+        found = _lone_surrogate(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
 
 
 def _field(body: dict, name: str, kinds: tuple[type, ...], what: str, check: Callable[[Any], bool] = lambda v: True):
