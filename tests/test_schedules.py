@@ -178,12 +178,14 @@ def test_stats_report_the_schedule():
     out = specdec.generate(target, PROMPT, draft=perturbed(target, 0.05), gamma=3, gamma_schedule="adaptive",
                            max_new_tokens=30)
     report = out.stats.to_dict()["schedule"]
-    assert report["name"] == "adaptive" and set(report) == {"name", "gamma", "alpha", "c", "s", "plain_steps", "pays"}
+    assert report["name"] == "adaptive" and set(report) == {"name", "gamma", "alpha", "c", "s", "f", "plain_steps",
+                                                                  "pays"}
     assert specdec.generate(target, PROMPT, draft="bigram", gamma=2, max_new_tokens=5).stats.schedule == {
         "name": "constant", "gamma": 2}
     assert specdec.generate(target, PROMPT, max_new_tokens=5).stats.schedule == {}  # no draft, no schedule
     stats = out.stats
-    stats.schedule = {"name": "adaptive", "gamma": 0, "alpha": 0.93, "c": 0.22, "s": 0.77, "plain_steps": 40,
-                      "pays": False}
-    assert ("adaptive gamma: alpha 0.930, c 0.220, verification cost s 0.770 per extra token, last gamma 0, plain "
-            "steps 40: speculation does not pay (alpha <= c + s)") in stats.summary()
+    stats.schedule = {"name": "adaptive", "gamma": 0, "alpha": 0.93, "c": 0.22, "s": 0.77, "f": 0.3,
+                      "plain_steps": 40, "pays": False}
+    assert ("adaptive gamma: alpha 0.930, c 0.220 per drafted token, f 0.300 per round, verification cost s 0.770 "
+            "per extra token, last gamma 0, plain steps 40: speculation does not pay (no gamma beats plain decoding "
+            "in Theorem 8 with c, s and f)") in stats.summary()

@@ -153,11 +153,12 @@ class GenerationStats(RoundTally):
             )
         if self.schedule.get("name") == "adaptive" and self.schedule.get("c") is not None:
             sch = self.schedule
-            verdict = ("speculation pays (alpha > c + s)" if sch["pays"] else
-                       "speculation does not pay (alpha <= c + s): plain steps, a drafted token now and then")
-            lines.append(f"adaptive gamma: alpha {sch['alpha']:.3f}, c {sch['c']:.3f}, verification cost s "
-                         f"{sch['s']:.3f} per extra token, last gamma {sch['gamma']}, plain steps "
-                         f"{sch['plain_steps']}: {verdict}")
+            verdict = ("speculation pays (some gamma beats plain decoding in Theorem 8 with c, s and f)" if sch["pays"]
+                       else "speculation does not pay (no gamma beats plain decoding in Theorem 8 with c, s and f): "
+                            "plain steps, a drafted token now and then")
+            lines.append(f"adaptive gamma: alpha {sch['alpha']:.3f}, c {sch['c']:.3f} per drafted token, f "
+                         f"{sch.get('f') or 0.0:.3f} per round, verification cost s {sch['s']:.3f} per extra token, "
+                         f"last gamma {sch['gamma']}, plain steps {sch['plain_steps']}: {verdict}")
         if not self.exact:
             lines.append("NOT EXACT: " + (self.not_exact_reason or "lenience < 1, the output does not follow the "
                                           "target's distribution"))
