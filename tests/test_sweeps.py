@@ -109,6 +109,22 @@ def test_alpha_on_ray_equals_the_serial_run(folders, cluster):
     assert all(r["positions"] > 0 for r in serial["results"])
 
 
+def test_a_ray_sweep_without_threads_runs_the_serial_runs_thread_count(folders, cluster):
+    """Issue 42: without --threads a Ray unit ran 1 torch thread where the serial run used torch's own count (2
+    on this project's machines), and its records differed in the last digits. Now it takes the serial count."""
+    import torch
+
+    from specdec.sweeps.options import sweep_threads
+
+    assert sweep_threads(None) == torch.get_num_threads() and sweep_threads(3) == 3
+    serial_args, ray_args = alpha_args(folders), alpha_args(folders, "--ray")
+    serial_args.threads = ray_args.threads = None  # as parsed without --threads
+    serial = alpha.run(serial_args, progress=False)
+    on_ray = alpha.run(ray_args, progress=False)
+    assert ray_args.threads == torch.get_num_threads()  # what each unit asked Ray for and ran with
+    assert on_ray["results"] == serial["results"] and on_ray["generations"] == serial["generations"]
+
+
 def test_bench_on_ray_equals_the_serial_run_but_for_times(folders, cluster, tmp_path):
     serial = bench.run(bench_args(folders, "--shard-size", "2"), progress=False)
     out = tmp_path / "out"

@@ -38,7 +38,7 @@ import specdec
 from specdec.acceptance import lenient_greedy_mask
 from specdec.sweeps.options import (
     DEFAULT_DRAFT, DEFAULT_TARGET, DEFAULT_TASK, MAX_NEW_TOKENS, add_dtype_argument, add_json_argument,
-    add_sweep_arguments, add_threads_argument, check_sweep_options, number_list,
+    add_sweep_arguments, add_threads_argument, check_sweep_options, number_list, sweep_threads,
 )
 from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus
 from specdec.drafters import plan_draft
@@ -294,8 +294,8 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, pool: 
     ray = getattr(args, "ray", None)
     if ray is not None and (target is not None or pool is not None):
         raise SpecDecError("--ray loads the models by name in every worker: give names, not loaded models")
-    if ray is not None and args.threads is None:
-        args.threads = 1
+    if ray is not None:
+        args.threads = sweep_threads(args.threads)
     loaded = _load(args, target, pool)
     units = plan(args, len(loaded.prompts))
     t_start = time.perf_counter()

@@ -9,7 +9,8 @@ from specdec.errors import SpecDecError
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_DTYPE", "DEFAULT_TARGET", "DEFAULT_TASK", "MAX_NEW_TOKENS", "add_dtype_argument",
-           "add_json_argument", "add_sweep_arguments", "add_threads_argument", "comma_list", "number_list"]
+           "add_json_argument", "add_sweep_arguments", "add_threads_argument", "comma_list", "number_list",
+           "sweep_threads"]
 
 DEFAULT_DTYPE = "bf16"  # fast on CPU
 DEFAULT_TASK = "humaneval"
@@ -19,6 +20,15 @@ MAX_NEW_TOKENS = 64
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 (fast on CPU), fp32 or fp16")
+
+
+def sweep_threads(threads: int | None) -> int:
+    """The torch threads each unit of a Ray sweep runs with: ``--threads``, else the count a serial run in this
+    process uses (torch's own), so that both compute alike to the last bit (a product on fewer threads can add
+    in another order: a Ray worker that ran 1 thread where the serial run used 2 differed in the last digits)."""
+    import torch
+
+    return threads if threads is not None else torch.get_num_threads()
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +66,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, *, shard_help: str) -> 
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help="run the units as Ray tasks (pip install 'specdec[ray]'): no ADDRESS starts a cluster on "
                              "this machine; 'auto' or 'ray://HOST:PORT' joins a running one. Each unit asks for "
-                             "--threads CPUs (default 1 with --ray)")
+                             "--threads CPUs (default: the serial run's torch threads)")
     parser.add_argument("--shard-size", type=int, default=None, metavar="N", help=shard_help)
     parser.add_argument("--records", default=None, metavar="DIR",
                         help="keep each finished unit's records as DIR/<unit id>.jsonl, written once; a rerun with "
