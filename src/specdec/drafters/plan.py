@@ -95,9 +95,14 @@ class DraftPlan:
         for level in self.levels:
             if _names_model(level):
                 try:
-                    level = DraftLevel(get(level.name, level.quantize), None)
+                    model = get(level.name, level.quantize)
                 except SpecDecError as err:
                     raise as_draft_error(err, plain=True) from None
+                if level.vocabulary is not None:  # a cheaper head over the first N ids (still exact)
+                    from specdec.models.draft_head import restricted_draft
+
+                    model = restricted_draft(model, level.vocabulary)
+                level = DraftLevel(model, None)
             levels.append(level)
         return DraftPlan(tuple(levels))
 

@@ -1,10 +1,12 @@
 """The draft specification: one string names a draft in the Python API, the CLI, the server and the benchmarks.
 
     SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
-    LEVEL := NAME [":" QUANT]         NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
+    LEVEL := NAME [":" QUANT] ["@" N] NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
                                       drafter (prompt-lookup, suffix, unigram, bigram, random); QUANT: int8,
                                       int8-tensor or llama-cpp (model levels only; without it the model
-                                      runs unquantized; llama-cpp: its GGUF in llama.cpp)
+                                      runs unquantized; llama-cpp: its GGUF in llama.cpp); N: the model
+                                      drafts from its vocabulary's first N ids only (and its end-of-sequence
+                                      ids; a cheaper head, still exact: specdec.models.draft_head), e.g. 65536
 
 The grammar only; :mod:`specdec.drafters.plan` resolves a spec (or any ``draft=``) once into the plan that
 is checked, loaded and built. E.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``qwen2.5-coder-0.5b:int8<-prompt-lookup`` (quote
@@ -26,6 +28,7 @@ PLAIN = "none"  # no draft: plain decoding
 class DraftLevel(NamedTuple):
     name: str  # a model or a parameter-free drafter
     quantize: str | None  # int8 / int8-tensor for a model level, else None
+    vocabulary: int | None = None  # a model level's head keeps the first N ids (None: all of them)
 
 
 def _drafter_names() -> Any:
@@ -50,6 +53,10 @@ def parse_spec(spec: str) -> list[DraftLevel]:
     levels = []
     for part in spec.split(HIERARCHY_ARROW):
         part = part.strip()
+        vocabulary = None
+        head, sep, tail = part.rpartition("@")
+        if sep and tail.strip().isdigit():
+            part, vocabulary = head.strip(), int(tail)
         name, quant = part, None
         head, sep, tail = part.rpartition(":")
         if sep and tail in QUANTIZATIONS:
@@ -58,7 +65,10 @@ def parse_spec(spec: str) -> list[DraftLevel]:
             raise SpecDecError(f"draft specification {spec!r} has an empty level")
         if quant is not None and name in drafters:
             raise SpecDecError(f"{name!r} has no weights to quantize (in {spec!r}); drop :{quant}")
-        levels.append(DraftLevel(name, quant))
+        if vocabulary is not None and (name in drafters or quant == "llama-cpp"):
+            raise SpecDecError(f"{name}{':' + quant if quant else ''} has no LM head of specdec's to cut (in {spec!r}); "
+                               f"drop @{vocabulary}")
+        levels.append(DraftLevel(name, quant, vocabulary))
     if len(levels) > 1 and any(level.name.lower() == PLAIN for level in levels):
         raise SpecDecError(f"'{PLAIN}' means plain decoding; it cannot be part of the hierarchy {spec!r}")
     for level, below in zip(levels, levels[1:]):
@@ -76,7 +86,10 @@ def join_levels(parts: Sequence[str]) -> str:
 
 
 def format_spec(levels: Sequence[DraftLevel]) -> str:
-    return HIERARCHY_ARROW.join(f"{lv.name}:{lv.quantize}" if lv.quantize else lv.name for lv in levels)
+    def level(lv: DraftLevel) -> str:
+        return (f"{lv.name}:{lv.quantize}" if lv.quantize else str(lv.name)) + (f"@{lv.vocabulary}" if lv.vocabulary else "")
+
+    return HIERARCHY_ARROW.join(level(lv) for lv in levels)
 
 
 def with_default_quantization(spec: str, quantize: str | None) -> str:
@@ -84,7 +97,7 @@ def with_default_quantization(spec: str, quantize: str | None) -> str:
     if quantize is None:
         return spec
     drafters = _drafter_names()
-    return format_spec([DraftLevel(lv.name, lv.quantize or (None if lv.name in drafters else quantize))
+    return format_spec([DraftLevel(lv.name, lv.quantize or (None if lv.name in drafters else quantize), lv.vocabulary)
                         for lv in parse_spec(spec)])
 
 
