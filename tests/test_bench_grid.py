@@ -40,8 +40,9 @@ def task_file(tmp_path):
 
 
 def test_draft_specs():
-    assert parse_spec("a:int8<-b<-prompt-lookup") == [("a", "int8"), ("b", None), ("prompt-lookup", None)]
-    assert parse_spec("/models/x:y") == [("/models/x:y", None)]
+    assert parse_spec("a:int8<-b<-prompt-lookup") == [("a", "int8", None), ("b", None, None), ("prompt-lookup", None, None)]
+    assert parse_spec("/models/x:y") == [("/models/x:y", None, None)]
+    assert parse_spec("/models/x@y:int8@300") == [("/models/x@y", "int8", 300)]  # only a last "@digits" is a cut
     for bad, message in (
         ("prompt-lookup<-a", "every level but the last must be a model; put 'prompt-lookup' last"),
         ("bigram:int8", "'bigram' has no weights to quantize"),

@@ -86,7 +86,7 @@ def build_draft(spec: str, pool: ModelPool, corpus_ids: Sequence[int] | None = N
     list of them (a hierarchy). Unigram/bigram get ``corpus_ids`` when given."""
     plan = plan_draft(spec).load(get=pool.get)
     levels = [CorpusNGramDrafter(1 if name == "unigram" else 2, corpus_ids)
-              if name in ("unigram", "bigram") and corpus_ids else name for name, _ in plan.levels]
+              if name in ("unigram", "bigram") and corpus_ids else name for name in (lv.name for lv in plan.levels)]
     return levels[0] if len(levels) == 1 else levels
 
 
