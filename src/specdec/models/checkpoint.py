@@ -11,7 +11,7 @@ the peak is the model plus one chunk (3.7 GiB with 256 MiB chunks, which read th
 to 5.64-5.70 GiB (three runs each).
 
 :func:`load_dense` reads a dense variant (``model.safetensors``, ``model.fp32.safetensors``); the int8
-variant (:func:`specdec.models.quantize.load_quantized`) shares :func:`empty_model` and :func:`fill`.
+variant (:func:`specdec.models.int8_storage.load_quantized`) shares :func:`empty_model` and :func:`fill`.
 """
 
 from __future__ import annotations

@@ -156,7 +156,8 @@ def convert(
             # one file (no shards): the variant is then one atomic rename away from the folder
             model.save_pretrained(out, variant=None if variant == "bf16" else variant, max_shard_size="1000GB")
         else:
-            from specdec.models.quantize import quantize_hf, save_quantized
+            from specdec.models.int8_storage import save_quantized
+            from specdec.models.quantize import quantize_hf
 
             model.config.save_pretrained(out)
             model.generation_config.save_pretrained(out)
@@ -193,7 +194,7 @@ def _exact_blocks(model, gguf_path: pathlib.Path) -> dict:
     import torch
     from gguf import GGUFReader, dequantize
 
-    from specdec.models.quantize import expand_blocks
+    from specdec.models.int8_storage import expand_blocks
 
     candidates = [t for t in GGUFReader(str(gguf_path)).tensors if t.tensor_type.name in _SCALED_INT_TYPES]
     found: dict = {}

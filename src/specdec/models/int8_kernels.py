@@ -1,4 +1,4 @@
-"""The int8 matrix kernel under :class:`~specdec.models.quantize.Int8Linear`: one per process, chosen per CPU.
+"""The int8 matrix kernel under :class:`~specdec.models.int8_linear.Int8Linear`: one per process, chosen per CPU.
 
 Both kernels take activation rows already divided by their largest absolute value (so every row spans
 [-1, 1] whatever else shares the pass), multiply them by the int8 weight with exact int32 accumulation,

@@ -14,7 +14,7 @@ the weights in the form they run in, each made the first time it is asked for (s
   bfloat16 copy cannot give them back: most 4-bit GGUF values need more than bfloat16's 8 bits);
 - ``int8`` / ``int8-tensor``: ``model.<method>.safetensors``, the dynamic int8 linear layers exactly as
   ``quantize_dynamic`` makes them from the float32 weights, and the other tensors in float32
-  (:func:`specdec.models.quantize.load_quantized`).
+  (:func:`specdec.models.int8_storage.load_quantized`).
 
 Later calls find the file and return at once. Each file appears whole or not at all (written aside,
 then renamed), and a lock keeps two processes from converting the same preset. :func:`preset_gguf`

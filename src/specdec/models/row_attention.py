@@ -3,7 +3,7 @@
 Speculative verification feeds the target a block of k = gamma + 1 tokens; plain decoding feeds it one
 token at a time. A float attention kernel over a block of query rows need not give a row the bits it
 gives the same row alone (the matrix products are blocked by the number of rows). For an int8 target
-whose linear layers are row-invariant (:class:`specdec.models.quantize.Int8Linear`), attention is the
+whose linear layers are row-invariant (:class:`specdec.models.int8_linear.Int8Linear`), attention is the
 last place where a position's logits depend on what shares its pass; these functions remove it.
 
 Row i of a block (its absolute position is the cache's length before the pass plus i) attends through

@@ -1,0 +1,148 @@
+"""A quantized model as a file: what the presets cache for ``quantize="int8"`` (specdec.models.presets).
+
+The int8 weights, their scales and zero points are stored exactly as quantize_dynamic made them from
+the float32 weights, so loading gives the same packed weights as quantizing at load time did, without
+a float32 copy of the linear layers on the way. Everything else (embeddings, norms, biases) is stored
+in float32, as it runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+from specdec.errors import SpecDecError
+from specdec.models.int8_fusion import int8_layers, put_layers
+from specdec.models.int8_linear import Int8Linear
+from specdec.models.int8_weights import check_method, is_per_channel
+
+_META_KEY = "specdec_quantized_linears"
+
+
+# Packing an int8 weight for fbgemm (``linear_prepack``) is most of an int8 load's time and releases the
+# GIL. A loaded layer packs on a background thread and waits for
+# its packing when first used, so the packing overlaps whatever comes next (loading the target).
+_packer: ThreadPoolExecutor | None = None
+
+
+def _packing_pool() -> ThreadPoolExecutor:
+    global _packer
+    if _packer is None:
+        # as many threads as torch computes with (measured against one thread and against packing before
+        # the load returns: docs/presets.md, "Loading the presets")
+        _packer = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()), thread_name_prefix="specdec-pack")
+    return _packer
+
+
+def expand_blocks(k: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """float32 ``k * d`` with one float16 ``d`` per block of 32 along a row (exact: see presets)."""
+    rows, cols = k.shape
+    out = torch.empty(rows, cols // 32, 32, dtype=torch.float32)
+    out.copy_(k.view(rows, -1, 32))  # one float32 buffer, scaled in place (the table is 0.5 GB for the 0.5B)
+    out.mul_(d.to(torch.float32).unsqueeze(-1))
+    return out.view(rows, cols)
+
+
+def save_quantized(hf, path, method: str, blocks: dict | None = None) -> None:
+    """Write a model quantized by :func:`~specdec.models.quantize.quantize_hf` to one safetensors file at ``path``.
+
+    ``blocks``: ``{state key: (k, d)}`` for float tensors stored as int8 ``k`` and float16 block
+    scales ``d`` (:func:`expand_blocks` gives the float32 tensor back exactly) instead of float32.
+    """
+    import json
+
+    from safetensors.torch import save_file
+
+    blocks = blocks or {}
+    tensors: dict[str, torch.Tensor] = {}
+    modules: dict[str, dict] = {}
+    for name, mod in hf.named_modules():
+        if not isinstance(mod, (DynamicLinear, Int8Linear)):
+            continue
+        weight, bias = mod._weight_bias()
+        info = {"in": mod.in_features, "out": mod.out_features, "bias": bias is not None}
+        tensors[f"{name}.weight_int8"] = weight.int_repr().contiguous()
+        if is_per_channel(weight):
+            info["axis"] = int(weight.q_per_channel_axis())
+            tensors[f"{name}.weight_scales"] = weight.q_per_channel_scales().contiguous()
+            tensors[f"{name}.weight_zero_points"] = weight.q_per_channel_zero_points().contiguous()
+        else:
+            tensors[f"{name}.weight_scales"] = torch.tensor([weight.q_scale()], dtype=torch.float64)
+            tensors[f"{name}.weight_zero_points"] = torch.tensor([weight.q_zero_point()], dtype=torch.int64)
+        if bias is not None:
+            tensors[f"{name}.bias"] = bias.detach().contiguous()
+        modules[name] = info
+    prefixes = tuple(f"{n}." for n in modules)
+    seen: set[int] = set()
+    for key, value in hf.state_dict().items():
+        if key.startswith(prefixes) or not isinstance(value, torch.Tensor):
+            continue
+        if value.data_ptr() in seen:  # a tied tensor: stored once, tied again by the model on load
+            continue
+        seen.add(value.data_ptr())
+        if key in blocks:
+            k, d = blocks[key]
+            if not torch.equal(expand_blocks(k, d), value):
+                raise SpecDecError(f"the block form of {key} does not give its values back")
+            tensors[f"{key}.k_int8"], tensors[f"{key}.d_float16"] = k.contiguous(), d.contiguous()
+        else:
+            tensors[key] = value.detach().contiguous()
+    meta = {"format": "pt", "specdec_quantization": method, _META_KEY: json.dumps(modules)}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_quantized(folder, path, method: str):
+    """Build the transformers model in ``folder`` (config) with the quantized weights of ``path``.
+
+    Each linear layer becomes an :class:`Int8Linear` made from the stored int8 weights, which start packing
+    on background threads at once; the model skeleton is then made without weights
+    (``accelerate.init_empty_weights``; importing the model's code takes seconds, while the weights pack),
+    the layers put in and the other tensors filled in from the file: no float32 copy of a linear layer is
+    ever made.
+    """
+    import json
+
+    from safetensors import safe_open
+
+    from specdec.models.checkpoint import empty_model, fill
+
+    check_method(method)
+    pool = _packing_pool()
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    rest: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
+        meta = f.metadata() or {}
+        if meta.get("specdec_quantization") != method:
+            raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
+        modules = json.loads(meta[_META_KEY])
+        for name, info in modules.items():
+            weight = f.get_tensor(f"{name}.weight_int8")
+            scales = f.get_tensor(f"{name}.weight_scales")
+            zero_points = f.get_tensor(f"{name}.weight_zero_points")
+            if "axis" in info:
+                qweight = torch._make_per_channel_quantized_tensor(weight, scales, zero_points, info["axis"])
+            else:
+                qweight = torch._make_per_tensor_quantized_tensor(weight, float(scales[0]), int(zero_points[0]))
+            bias = f.get_tensor(f"{name}.bias") if info["bias"] else None
+            weights[name] = (qweight, bias)
+            del weight, qweight
+        # packed on background threads, the largest first: the 0.5B's lm_head packs for as long as all its
+        # layers together, so it packs on one thread while the layers pack on the other
+        linears = int8_layers(weights, pool)
+        del weights
+        prefixes = tuple(f"{n}." for n in modules)
+        for key in f.keys():
+            if key.startswith(prefixes) or key.endswith(".d_float16"):
+                continue
+            if key.endswith(".k_int8"):
+                base = key[: -len(".k_int8")]
+                rest[base] = expand_blocks(f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
+            else:
+                rest[key] = f.get_tensor(key)
+    hf = empty_model(folder, torch.float32)
+    put_layers(hf, linears)
+    return fill(hf, rest, folder, path)  # the tensors read from the file become the weights

@@ -1,0 +1,43 @@
+"""qint8 weights: the quantization methods (how a linear layer's weights are observed: per output channel
+or per tensor, as ``quantize_dynamic`` does) and the helpers that rebuild quantized tensors, shared by the
+int8 layer (:mod:`specdec.models.int8_linear`), its fused siblings (:mod:`specdec.models.int8_fusion`) and
+the stored int8 models (:mod:`specdec.models.int8_storage`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from specdec.errors import SpecDecError
+
+METHODS = {
+    # name: weight observer granularity
+    "int8": "per-channel",  # one scale per output row: closer to the float model at the same speed
+    "int8-tensor": "per-tensor",
+}
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise SpecDecError(f"unknown quantization {method!r}; use one of: {', '.join(METHODS)}")
+
+
+def is_per_channel(qweight: torch.Tensor) -> bool:
+    return qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+
+
+def with_ints(qweight: torch.Tensor, ints: torch.Tensor) -> torch.Tensor:  # (fbgemm's packing)
+    """A qint8 tensor of the int8 values ``ints`` [out, any width] with ``qweight``'s scales and zero points
+    (one per output row, or one for the tensor)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
+        if is_per_channel(qweight):
+            return torch._make_per_channel_quantized_tensor(
+                ints, qweight.q_per_channel_scales(), qweight.q_per_channel_zero_points(), 0)
+        return torch._make_per_tensor_quantized_tensor(ints, qweight.q_scale(), qweight.q_zero_point())
+
+
+def contiguous_q(qweight: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of a (sliced) quantized weight."""
+    return with_ints(qweight, qweight.int_repr().contiguous())
