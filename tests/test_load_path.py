@@ -361,7 +361,7 @@ def test_presets_with_the_same_vocabulary_files_share_one_tokenizer(tmp_path):
     its own chat template; a folder with other vocabulary files gets its own."""
     from transformers import AutoTokenizer
 
-    from specdec.models import _preset_tokenizer, same_vocabulary
+    from specdec.models.vocabulary import preset_tokenizer, same_vocabulary
     from tiny import tiny_tokenizer
 
     loads = []
@@ -378,10 +378,10 @@ def test_presets_with_the_same_vocabulary_files_share_one_tokenizer(tmp_path):
     other = tiny_tokenizer()
     other.add_tokens(["extra"])
     other.save_pretrained(c)
-    first = _preset_tokenizer(a, load)
-    again = _preset_tokenizer(a, load)
-    second = _preset_tokenizer(b, load)
-    third = _preset_tokenizer(c, load)
+    first = preset_tokenizer(a, load)
+    again = preset_tokenizer(a, load)
+    second = preset_tokenizer(b, load)
+    third = preset_tokenizer(c, load)
     assert loads == [a, c] and again is first
     assert second is not first and second.backend_tokenizer is first.backend_tokenizer
     chat = [{"role": "user", "content": "w1"}]
