@@ -32,20 +32,20 @@ from __future__ import annotations
 
 import collections
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 from specdec.acceptance import Verification, read_batch, verify
-from specdec.analysis import expected_tokens
+from specdec.batch_drafting import propose_model
+from specdec.batch_gamma import BatchGamma, RowAlpha
+from specdec.batch_row import MODEL, BatchRow, ModelRowDrafter
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
-from specdec.drafters.base import Draft, DraftContext, DrafterBase
-from specdec.drafters.model import draft_token
+from specdec.drafters.base import Draft, DraftContext
 from specdec.drafters.plan import DRAFTER_NAMES, plan_draft
 from specdec.errors import SpecDecError
-from specdec.models import LanguageModel, load
+from specdec.models import load
 from specdec.models.batch_session import BatchSession
 from specdec.models.causal import new_token_limit
 from specdec.rounds import Round, with_carried
@@ -53,137 +53,10 @@ from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
 
-MODEL = "model"  # a row's draft: the engine's draft model
+__all__ = ["MODEL", "BatchRow", "BatchGamma", "BatchEngine", "batch_engine", "generate_batch"]
+
 PAD = 64  # positions every cache row holds past max_positions: the widest padded pass (a batch's widest row)
-CATCH_UP = 32  # a draft row further behind than this is caught up in passes of at most this many tokens
 DEFAULT_POSITIONS = 4096  # max_positions when neither the caller nor the target's context says
-
-
-@dataclass(eq=False)
-class BatchRow:
-    """One sequence of the batch: what :func:`specdec.decoding.append_tokens` and ``finish_output`` read (the same fields
-    as a single generation), plus its draft and its place in the batch."""
-
-    target: LanguageModel
-    prompt_ids: list[int]
-    config: GenerationConfig
-    draft: Any  # None (plain), MODEL, or a parameter-free Drafter of its own
-    drafter: Any  # what finish_output asks for stats(): the row's drafter (None for a plain row)
-    schedule: Any
-    sequence: list[int]
-    ids: torch.Tensor  # [max positions] the sequence on the device
-    start_len: int
-    limit: int
-    generator: torch.Generator
-    eos: set[int]
-    stats: GenerationStats
-    on_tokens: Callable[[list[int], list[bool]], None] | None
-    on_round: Callable[[Any], None] | None
-    t_start: float
-    from_draft: list[bool] = field(default_factory=list)
-    stop_scan: StopScan | None = None
-    stop_text: str | None = None
-    proposed: tuple[int, int] | None = None  # (sequence length, k) of the model draft's last proposal
-    output: Any = None  # the GenerationOutput once done
-    error: BaseException | None = None  # what ended it early (a callback raised: the client left, ...)
-    carried: torch.Tensor | None = None  # [1, V] its last position's logits from its prefill (its first round only)
-    cancelled: str | None = None
-    finish: Any = None  # the server's: the response payload of a finished row
-
-    @property
-    def done(self) -> bool:
-        return self.output is not None or self.error is not None
-
-
-class _ModelRowDrafter(DrafterBase):
-    """What a row drafted by the engine's model reports (the batched draft session is the engine's)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-
-class BatchGamma:
-    """One gamma for the rows of a batch that use the adaptive schedule, from the batch's measured costs.
-
-    It keeps each row's alpha (an exponential average of its betas, as :class:`~specdec.schedules.AdaptiveSchedule`),
-    and, for the whole batch, the time of a draft step and of a target pass as lines in the number of tokens
-    the pass feeds (rows x width): T(n) = a + b n, fitted by least squares on exponentially weighted means
-    per n. Each round it drafts the gamma that maximizes the batch's expected tokens per second,
-
-        sum_i E_i(gamma) / (gamma D(B) + T(B (gamma + 1))),  E_i(gamma) = (1 - alpha_i^(gamma+1)) / (1 - alpha_i),
-
-    gamma = 0 (plain steps, B tokens per pass) included: with enough rows (a pass over B x (gamma + 1) tokens
-    costing more than the accepted drafts gain) it drafts less, or nothing (with a probe of one drafted
-    token every ``probe_every`` plain rounds to keep alpha and the costs up to date). Until two pass sizes
-    have been timed it drafts ``gamma``, then 1."""
-
-    def __init__(self, gamma: int, max_gamma: int, decay: float = 0.9, alpha0: float = 0.8, probe_every: int = 16):
-        self.gamma, self.max_gamma, self.decay, self.alpha0, self.probe_every = gamma, max_gamma, decay, alpha0, probe_every
-        self.target_time: dict[int, float] = {}  # tokens fed -> averaged seconds
-        self.draft_time: dict[int, float] = {}  # rows -> averaged seconds of one draft step
-        self._plain = 0
-
-    def _ewma(self, table: dict[int, float], key: int, value: float) -> None:
-        table[key] = value if key not in table else self.decay * table[key] + (1 - self.decay) * value
-
-    def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float) -> None:
-        """A round of ``rows`` rows whose target pass fed ``width`` tokens per row; ``drafted``: the most
-        tokens a row drafted (draft steps), in ``time_draft`` seconds."""
-        if time_target > 0:
-            self._ewma(self.target_time, rows * width, time_target)
-        if drafted > 0 and time_draft > 0:
-            self._ewma(self.draft_time, rows, time_draft / drafted)
-
-    @staticmethod
-    def _line(table: dict[int, float]) -> tuple[float, float] | None:
-        if len(table) < 2:
-            return None
-        xs, ts = list(table), list(table.values())
-        x_mean, t_mean = sum(xs) / len(xs), sum(ts) / len(ts)
-        b = max(0.0, sum((x - x_mean) * (t - t_mean) for x, t in zip(xs, ts)) / sum((x - x_mean) ** 2 for x in xs))
-        return t_mean - b * x_mean, b
-
-    def choose(self, alphas: Sequence[float], rows: int | None = None) -> int:
-        """The batch's gamma for the adaptive rows with these alphas, in a batch of ``rows`` rows (default: those;
-        the others' tokens per pass do not depend on this gamma)."""
-        line = self._line(self.target_time)
-        rows = len(alphas) if rows is None else rows
-        if line is None or not self.draft_time:
-            return 1 if self.target_time else self.gamma
-        a, b = line
-        step = self.draft_time.get(rows) or self.draft_time[min(self.draft_time, key=lambda r: abs(r - rows))]
-
-        def rate(g: int) -> float:
-            tokens = sum(expected_tokens(min(max(al, 0.0), 1 - 1e-6), g) for al in alphas) + rows - len(alphas)
-            return tokens / (g * step + a + b * rows * (g + 1))
-
-        best = max(range(self.max_gamma + 1), key=rate)
-        if best == 0:
-            self._plain += 1
-            return 1 if self._plain % self.probe_every == 0 else 0
-        self._plain = 0
-        return best
-
-    def report(self) -> dict:
-        line = self._line(self.target_time)
-        return {"name": "adaptive", "batch": True, "gamma": self.gamma,
-                "pass_seconds": None if line is None else {"a": line[0], "b_per_token": line[1]}}
-
-
-class _RowAlpha:
-    """A row's alpha for :class:`BatchGamma` (and what its stats report as the schedule)."""
-
-    name = "adaptive"
-
-    def __init__(self, engine: "BatchEngine", alpha0: float, decay: float = 0.9):
-        self.engine, self.alpha, self.decay = engine, alpha0, decay
-
-    def update(self, feedback: StepFeedback) -> None:
-        for beta in feedback.betas:
-            self.alpha = self.decay * self.alpha + (1 - self.decay) * beta
-
-    def report(self) -> dict:
-        return {**self.engine.gamma_policy.report(), "alpha": self.alpha}
 
 
 class BatchEngine:
@@ -250,14 +123,14 @@ class BatchEngine:
                                    f"drafter ({', '.join(DRAFTER_NAMES)}), got {draft!r}")
             draft = DRAFTER_NAMES[draft]()
         if draft == MODEL:
-            drafter = _ModelRowDrafter(self.draft_model.name)
+            drafter = ModelRowDrafter(self.draft_model.name)
         elif draft is not None:
             drafter = draft
         seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
         device = target.device
         from specdec.decoding import device_ids
 
-        schedule = (_RowAlpha(self, self.gamma_policy.alpha0) if config.gamma_schedule == "adaptive"
+        schedule = (RowAlpha(self.gamma_policy, self.gamma_policy.alpha0) if config.gamma_schedule == "adaptive"
                     else make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound))
         row = BatchRow(target, prompt_ids, config, draft, drafter, schedule, list(prompt_ids),
                        device_ids(prompt_ids, len(prompt_ids) + limit + 1, device), len(prompt_ids), limit,
@@ -310,7 +183,7 @@ class BatchEngine:
 
     # -- one round ----------------------------------------------------------------------------------
     def _gammas(self) -> list[int]:
-        adaptive = [i for i, row in enumerate(self.rows) if isinstance(row.schedule, _RowAlpha) and row.draft is not None]
+        adaptive = [i for i, row in enumerate(self.rows) if isinstance(row.schedule, RowAlpha) and row.draft is not None]
         shared = (self.gamma_policy.choose([self.rows[i].schedule.alpha for i in adaptive], len(self.rows))
                   if adaptive else 0)
         ks = []
@@ -318,56 +191,10 @@ class BatchEngine:
             if row.draft is None:
                 ks.append(0)
                 continue
-            k = shared if isinstance(row.schedule, _RowAlpha) else row.schedule.next_gamma()
+            k = shared if isinstance(row.schedule, RowAlpha) else row.schedule.next_gamma()
             generated = len(row.sequence) - row.start_len
             ks.append(max(0, min(k, row.limit - generated - 1)))  # n accepted + 1 target token must fit
         return ks
-
-    def _propose_model(self, ks: list[int]) -> list[Draft]:
-        """The draft model's proposals for the rows with k > 0 (and row.draft == MODEL): one pass per step."""
-        session, rows = self.draft_session, self.rows
-        device = self.target.device
-        empty = torch.empty(0, dtype=torch.long, device=device)
-        drafting = [row.draft == MODEL and k > 0 for row, k in zip(rows, ks)]
-        # a row far behind (plain rounds) catches up first, in passes of at most CATCH_UP tokens
-        while True:
-            gaps = [len(row.sequence) - session.lengths[i] if drafting[i] else 0 for i, row in enumerate(rows)]
-            if max(gaps, default=0) <= CATCH_UP:
-                break
-            feeds = [row.ids[session.lengths[i]: session.lengths[i] + min(g - 1, CATCH_UP)] if g > CATCH_UP else empty
-                     for i, (row, g) in enumerate(zip(rows, gaps))]
-            session.extend(feeds, [0] * len(rows))
-        feeds = [row.ids[session.lengths[i]: len(row.sequence)] if drafting[i] else empty for i, row in enumerate(rows)]
-        logits = session.extend(feeds, [1 if d else 0 for d in drafting])  # [1, V] per drafting row
-        tokens: list[list[torch.Tensor]] = [[] for _ in rows]
-        qs: list[list[torch.Tensor]] = [[] for _ in rows]
-        going = list(drafting)
-        for step in range(max(ks, default=0)):
-            for i, row in enumerate(rows):
-                if not going[i]:
-                    continue
-                stop_below = row.config.confidence if row.config.gamma_schedule == "confidence" else None
-                drafted = draft_token(logits[i][-1], self.target.vocab_size, row.config.sampling, row.generator,
-                                      stop_below)
-                if drafted is None:
-                    going[i] = False
-                    continue
-                x, q = drafted
-                if q is not None:
-                    qs[i].append(q)
-                tokens[i].append(x)
-                going[i] = len(tokens[i]) < ks[i]
-            if not any(going):
-                break
-            logits = session.extend([tokens[i][-1].reshape(1) if going[i] else empty for i in range(len(rows))],
-                                    [1 if g else 0 for g in going])
-        drafts = []
-        for i, row in enumerate(rows):
-            if drafting[i]:
-                row.proposed = (len(row.sequence), len(tokens[i]))
-            drafts.append(Draft(torch.stack(tokens[i]), torch.stack(qs[i]) if qs[i] else None) if tokens[i]
-                          else Draft.empty(device))
-        return drafts
 
     def step(self) -> list[BatchRow]:
         """Let waiting requests join, run one round over every row; returns the rows that finished in it
@@ -384,8 +211,9 @@ class BatchEngine:
         ks = self._gammas()
         t0 = self.clock.mark()
         calls_before = self.draft_session.forward_passes if self.draft_session is not None else 0
-        drafts = self._propose_model(ks) if self.draft_session is not None and any(
-            row.draft == MODEL and k > 0 for row, k in zip(rows, ks)) else [Draft.empty(device) for _ in rows]
+        drafting = self.draft_session is not None and any(row.draft == MODEL and k > 0 for row, k in zip(rows, ks))
+        drafts = (propose_model(self.draft_session, rows, ks, self.target.vocab_size, device) if drafting
+                  else [Draft.empty(device) for _ in rows])
         for i, row in enumerate(rows):
             if row.draft is not None and row.draft != MODEL and ks[i] > 0:
                 drafts[i] = row.draft.propose(row.sequence, ks[i])

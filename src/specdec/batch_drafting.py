@@ -1,0 +1,61 @@
+"""The draft model's proposals for the rows of a batch (:mod:`specdec.batching`): every drafting row fed
+in one pass of the batched draft session per draft step, each row sampled with its own settings and
+random source; a row far behind (after plain rounds) is caught up first."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.batch_row import MODEL, BatchRow
+from specdec.drafters.base import Draft
+from specdec.drafters.model import draft_token
+from specdec.models.batch_session import BatchSession
+
+CATCH_UP = 32  # a draft row further behind than this is caught up in passes of at most this many tokens
+
+
+def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vocab_size: int,
+                  device: torch.device) -> list[Draft]:
+    """The draft model's proposals for the rows with k > 0 (and row.draft == MODEL): one pass per step of
+    ``session`` (the engine's draft session, row i in slot i)."""
+    empty = torch.empty(0, dtype=torch.long, device=device)
+    drafting = [row.draft == MODEL and k > 0 for row, k in zip(rows, ks)]
+    # a row far behind (plain rounds) catches up first, in passes of at most CATCH_UP tokens
+    while True:
+        gaps = [len(row.sequence) - session.lengths[i] if drafting[i] else 0 for i, row in enumerate(rows)]
+        if max(gaps, default=0) <= CATCH_UP:
+            break
+        feeds = [row.ids[session.lengths[i]: session.lengths[i] + min(g - 1, CATCH_UP)] if g > CATCH_UP else empty
+                 for i, (row, g) in enumerate(zip(rows, gaps))]
+        session.extend(feeds, [0] * len(rows))
+    feeds = [row.ids[session.lengths[i]: len(row.sequence)] if drafting[i] else empty for i, row in enumerate(rows)]
+    logits = session.extend(feeds, [1 if d else 0 for d in drafting])  # [1, V] per drafting row
+    tokens: list[list[torch.Tensor]] = [[] for _ in rows]
+    qs: list[list[torch.Tensor]] = [[] for _ in rows]
+    going = list(drafting)
+    for step in range(max(ks, default=0)):
+        for i, row in enumerate(rows):
+            if not going[i]:
+                continue
+            stop_below = row.config.confidence if row.config.gamma_schedule == "confidence" else None
+            drafted = draft_token(logits[i][-1], vocab_size, row.config.sampling, row.generator,
+                                  stop_below)
+            if drafted is None:
+                going[i] = False
+                continue
+            x, q = drafted
+            if q is not None:
+                qs[i].append(q)
+            tokens[i].append(x)
+            going[i] = len(tokens[i]) < ks[i]
+        if not any(going):
+            break
+        logits = session.extend([tokens[i][-1].reshape(1) if going[i] else empty for i in range(len(rows))],
+                                [1 if g else 0 for g in going])
+    drafts = []
+    for i, row in enumerate(rows):
+        if drafting[i]:
+            row.proposed = (len(row.sequence), len(tokens[i]))
+        drafts.append(Draft(torch.stack(tokens[i]), torch.stack(qs[i]) if qs[i] else None) if tokens[i]
+                      else Draft.empty(device))
+    return drafts
