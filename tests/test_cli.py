@@ -92,10 +92,10 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys
 
 
 def test_the_default_target_is_the_exact_int8_target_on_cpu(monkeypatch):
-    from specdec.cli import _target_quantization, build_parser
+    from specdec.cli import build_parser, target_quantization
 
     def quantize(*argv):
-        return _target_quantization(build_parser().parse_args(["generate", "x", *argv]))
+        return target_quantization(build_parser().parse_args(["generate", "x", *argv]))
 
     assert quantize("--device", "cpu") == "int8"  # the packaged target, nothing asked
     assert quantize("--device", "cpu", "--quantize", "none") is None  # bf16 on request
@@ -454,6 +454,7 @@ def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, mon
     from starlette.testclient import TestClient
 
     from serving import CHAT_TEMPLATE, wait_until
+    from specdec import cli_serve
     from specdec.models import graphs
     from specdec.models.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS
     from specdec.serve.app import create_app
@@ -462,7 +463,7 @@ def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, mon
     tiny = load_tiny(eos=None)
     target, draft = captured(tiny), captured(perturbed(tiny, 0.1))
     target.tokenizer.chat_template = CHAT_TEMPLATE
-    monkeypatch.setattr(cli, "load_models", lambda args, tokenizer=None: (target, draft))
+    monkeypatch.setattr(cli_serve, "load_models", lambda args, tokenizer=None: (target, draft))  # what load_served calls
     captures = []
     real_capture = graphs.CapturedStep._capture
     monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(self.width) or real_capture(self))

@@ -1,0 +1,128 @@
+"""The ``specdec`` command's parser: every subcommand and its options (:mod:`specdec.cli` runs them).
+
+Generation options default to None here, so the only defaults are those of
+:class:`specdec.config.GenerationConfig`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA
+
+SERVED_POSITIONS = 4096  # the served caches' capacity (specdec serve --max-positions)
+SERVED_BATCH_CPU = 8  # specdec serve --max-batch on CPU (docs/serving.md: the load test)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The models and how they speculate: shared by generate and serve."""
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: preset, folder, hub id or .gguf (default {DEFAULT_TARGET})")
+    p.add_argument("--draft", action="append", default=None, metavar="SPEC",
+                   help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
+                        ":int8 or :int8-tensor, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
+                        "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
+                        "decoding (default: qwen2.5-coder-0.5b:int8<-prompt-lookup on CPU, qwen2.5-coder-0.5b on CUDA)")
+    p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
+    p.add_argument("--draft-quantize", default=None, metavar="METHOD",
+                   help="int8 or int8-tensor for every model level of --draft that names no quantization of its own "
+                        "(the same as writing :METHOD after it); never changes the output")
+    p.add_argument("--device", default=None,
+                   help="auto (default: CUDA when available, else CPU), cpu, cuda or cuda:N; target and draft run there")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="CUDA: compile the captured decoding steps with inductor (about a minute per step width and "
+                        "model at start-up, then faster steps; worth it for long runs and servers)")
+    p.add_argument("--quantize", default=None, metavar="METHOD",
+                   help="quantize the TARGET: int8 (or int8-tensor), a block-invariant int8 model (CPU): about twice "
+                        "as fast as bf16 where bf16 is slow, and speculative decoding with it is exact (its output "
+                        "equals the int8 model's own plain decoding); a different model from the original (README, "
+                        "'The int8 target', has its quality). Default: int8 for the packaged target on CPU without "
+                        "--dtype; 'none' keeps it in bf16")
+    p.add_argument("--gamma", type=int, default=None,
+                   help=f"draft tokens per target call (default: 4, constant; with one int8 model draft alone, start "
+                        f"at {INT8_DRAFT_GAMMA} and adapt)")
+    p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
+                   help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
+                        "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "
+                        "given), confidence (the draft stops when unsure)")
+    p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
+    p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    _add_model_options(p)
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate at most (default 128)")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, reported in the stats)")
+    p.add_argument("--chat", action="store_true", default=None, help="wrap the prompt in the model's chat template")
+    p.add_argument("--num-beams", type=int, default=None, help="beam width w (> 1: beam search, greedy)")
+    p.add_argument("--draft-beams", type=int, default=None, help="draft beam width u >= w (exact speculative beam search)")
+    p.add_argument("--beam-mode", default=None, choices=["exact", "report"],
+                   help="exact (paper A.4, identical to plain beam search) or report (approximate Algorithm 2)")
+    p.add_argument("--length-penalty", type=float, default=None, help="beam search length penalty (default 1.0)")
+    p.add_argument("--verification", default=None, choices=["token", "block"],
+                   help="token (Algorithm 1, the default) or block (Sun et al. 2025: the drafted block verified as a "
+                        "whole; exact too, never fewer accepted tokens in expectation; the same as token at "
+                        "temperature 0 and for drafts without probabilities)")
+    p.add_argument("--lenience", type=float, default=None,
+                   help="paper A.5: l in (0, 1]; below 1 trades exactness for speed (default 1 = exact)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description="Exact speculative decoding (Leviathan, Kalman & Matias, ICML 2023) for transformer models.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text, speculatively, with statistics")
+    gen.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
+    _add_generation_options(gen)
+    gen.add_argument("--json", action="store_true", help="print one JSON document (text, token_ids, stats) instead of streaming")
+    gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                     help="colour tokens by origin: green = accepted from the draft, blue = produced by the target")
+    gen.add_argument("--verbose", "-v", action="store_true",
+                     help="also print how long loading each model took and the peak memory (standard error)")
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: completions, chat, streaming, statistics")
+    _add_model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or None,
+                       help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
+    serve.add_argument("--max-queue", type=int, default=16,
+                       help="requests that may wait behind the running one; more get 429 (default 16)")
+    serve.add_argument("--max-batch", type=int, default=None,
+                       help="requests decoded together, as rows of one batch (continuous batching: a request joins "
+                            "between rounds); 1: one at a time, through captured CUDA graphs on a GPU (default: "
+                            f"{SERVED_BATCH_CPU} on CPU, measured; 1 on CUDA)")
+    serve.add_argument("--max-positions", type=int, default=SERVED_POSITIONS,
+                       help="with CUDA graphs: the positions (prompt + max_tokens) every request's cache holds, fixed "
+                            "when the server starts, when every step is captured; a longer request runs eagerly "
+                            f"(default {SERVED_POSITIONS}; attention reads the whole cache, so more costs every step)")
+    serve.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds a request may take, queue included; a request may ask for less (default 600)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--no-ui", dest="ui", action="store_false",
+                       help="do not serve the playground page at / (the API only)")
+
+    bench = sub.add_parser("bench", help="benchmark plain vs speculative decoding vs transformers' own generate")
+    from specdec import bench as bench_module
+
+    bench_module.add_arguments(bench)
+
+    sub.add_parser("presets", help="list the packaged model presets")
+
+    from specdec import alpha as alpha_module
+    from specdec.publish import plots as plot_module, results as results_module
+
+    alpha = sub.add_parser("alpha", help="measure the acceptance rate alpha of drafts for a target (paper Table 3)")
+    alpha_module.add_arguments(alpha)
+    plot = sub.add_parser("plot", help="the paper's figures as PNGs, and speedup vs gamma of a bench run")
+    plot_module.add_arguments(plot)
+    results = sub.add_parser("results", help="regenerate docs/RESULTS.md: alpha, speed, schedules, beam search, figures")
+    results_module.add_arguments(results)
+    return parser
