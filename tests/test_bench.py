@@ -140,7 +140,7 @@ def test_main_prints_table_then_json(tiny_pair, prompts_file, tmp_path, monkeypa
 
 def test_out_dir_logs_each_prompt_as_it_ends(tiny_pair, prompts_file, tmp_path, monkeypatch):
     """A run cut short by a time limit still leaves its measured prompts in <out>/runs.jsonl."""
-    from specdec.bench import runner
+    from specdec.bench import measuring, runner
 
     target, draft = tiny_pair
     out = tmp_path / "out"
@@ -154,14 +154,14 @@ def test_out_dir_logs_each_prompt_as_it_ends(tiny_pair, prompts_file, tmp_path, 
     assert all(line["temperature"] == 0.0 and line["specdec-spec"]["new_tokens"] == 6 for line in lines)
 
     calls = []
-    real_log = runner._log_record
+    real_log = measuring.log_record
 
     def stop_after_the_first(*a):
         real_log(*a)
         calls.append(1)
         raise KeyboardInterrupt  # the time limit, after the first prompt
 
-    monkeypatch.setattr(runner, "_log_record", stop_after_the_first)
+    monkeypatch.setattr(measuring, "log_record", stop_after_the_first)
     with pytest.raises(KeyboardInterrupt):
         bench.run(args, target=target, draft=draft, progress=False)
     lines = (out / runner.RUNS_LOG).read_text().splitlines()
@@ -313,10 +313,10 @@ def test_a_process_warms_each_configuration_up_once_per_temperature_not_once_per
                                                                                        monkeypatch):
     """With --shard-size 1 every prompt is a unit; the warmup (untimed, WARMUP_TOKENS tokens) runs on the first
     unit of each temperature only: the process is warm for the others."""
-    from specdec.bench import runner
+    from specdec.bench import measuring, runner
 
     target, draft = tiny_pair
-    real = runner._runners
+    real = measuring._runners
     calls = {"warm": 0, "timed": 0}
 
     def counting(cells, *a, **k):
@@ -330,7 +330,7 @@ def test_a_process_warms_each_configuration_up_once_per_temperature_not_once_per
             return run
         return {name: count(fn) for name, fn in made.items()}
 
-    monkeypatch.setattr(runner, "_runners", counting)
+    monkeypatch.setattr(measuring, "_runners", counting)
     args = parse("--prompts-file", str(prompts_file), "--n-prompts", "4", "--max-new-tokens", "20", "--shard-size",
                  "1", "--methods", "specdec-plain,specdec-spec", "--temperatures", "0,1", "--dtype", "fp32")
     bench.run(args, target=target, draft=draft, progress=False)

@@ -31,9 +31,10 @@ The package is the measuring core, by job:
 
 - :mod:`~specdec.bench.arguments`: the options and their defaults; :mod:`~specdec.bench.grid`: the
   methods and configurations a run measures;
-- :mod:`~specdec.bench.runner`: units of prompts and the measuring loop; :mod:`~specdec.bench.methods`:
-  each method behind one call; :mod:`~specdec.bench.timing`: synchronized timing and step costs;
-  :mod:`~specdec.bench.floor`: the weight floor;
+- :mod:`~specdec.bench.runner`: the plan of units and the run; :mod:`~specdec.bench.loading`: what a run
+  loads once; :mod:`~specdec.bench.measuring`: the measuring loop of a unit; :mod:`~specdec.bench.document`:
+  the result document; :mod:`~specdec.bench.methods`: each method behind one call;
+  :mod:`~specdec.bench.timing`: synchronized timing and step costs;
 - :mod:`~specdec.bench.aggregation`: totals, comparisons, rows; :mod:`~specdec.bench.theory`: Theorem 8
   beside the measurement.
 
