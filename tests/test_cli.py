@@ -77,7 +77,7 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys
 
     # int8 on CPU, drafted for by prompt lookup; unquantized on CUDA (dynamic int8 is CPU-only); an explicit
     # choice wins everywhere
-    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8@65536<-prompt-lookup"
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
     assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"  # the batch engine drafts with one model
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
@@ -258,7 +258,7 @@ def no_loading(monkeypatch):
     "argv, message",
     [
         (["--draft", "nosuch"], "unknown model 'nosuch': not a preset, an existing path or a hub id"),
-        (["--draft", "nosuch"], "as a draft, also accepted: prompt-lookup, unigram, bigram, random, none"),
+        (["--draft", "nosuch"], "as a draft, also accepted: prompt-lookup, suffix, unigram, bigram, random, none"),
         (["--quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
         (["--draft-quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
         (["--target", "qwen-coder"], "unknown model 'qwen-coder'"),

@@ -79,7 +79,7 @@ def test_draft_with_a_smaller_vocabulary(target):
 def test_unknown_preset_and_unknown_draft_name(target):
     with pytest.raises(SpecDecError, match="unknown model 'qwen2.5-coder-1.5':.*Did you mean 'qwen2.5-coder-1.5b'"):
         specdec.load("qwen2.5-coder-1.5")
-    with pytest.raises(SpecDecError, match="also accepted: prompt-lookup, unigram, bigram, random"):
+    with pytest.raises(SpecDecError, match="also accepted: prompt-lookup, suffix, unigram, bigram, random"):
         specdec.generate(target, "w1", draft="prompt-lookpu")
 
 
