@@ -24,13 +24,16 @@ import torch
 
 from specdec.errors import SpecDecError
 
+
 def kept_ids(n: int, vocab_size: int, always: set[int] | frozenset[int] = frozenset()) -> torch.Tensor:
-    """[K] long, sorted: ids 0 .. n - 1 and ``always`` (the end-of-sequence ids), within the vocabulary."""
+    """[K] long (on the CPU), sorted: ids 0 .. n - 1 and ``always`` (the end-of-sequence ids), within the vocabulary."""
     return torch.tensor(sorted(set(range(min(n, vocab_size))) | {i for i in always if 0 <= i < vocab_size}))
 
 
 def _head_rows(head: Any, keep: torch.Tensor) -> torch.nn.Module:
-    """A head of the same kind computing only the rows ``keep`` of ``head`` (an int8 layer or nn.Linear)."""
+    """A head of the same kind computing only the rows ``keep`` (on the head's device) of ``head`` (an int8
+    layer or nn.Linear)."""
+    from specdec.models.int8_weights import is_per_channel
     from specdec.models.quantize import Int8Linear
 
     if isinstance(head, Int8Linear):
@@ -38,7 +41,7 @@ def _head_rows(head: Any, keep: torch.Tensor) -> torch.nn.Module:
         ints = q.int_repr()[keep]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
-            if q.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            if is_per_channel(q):
                 sub = torch._make_per_channel_quantized_tensor(ints, q.q_per_channel_scales()[keep],
                                                                q.q_per_channel_zero_points()[keep], 0)
             else:
@@ -56,12 +59,13 @@ def _head_rows(head: Any, keep: torch.Tensor) -> torch.nn.Module:
 
 
 class SubsetHead(torch.nn.Module):
-    """The LM head over the ids ``keep``: their logits, -inf for every other id (see the module docstring)."""
+    """The LM head over the ids ``keep`` ([K], on the head's device): their logits, -inf for every other id (see
+    the module docstring)."""
 
     def __init__(self, head: Any, keep: torch.Tensor, vocab_size: int):
         super().__init__()
         self.rows = _head_rows(head, keep)
-        self.register_buffer("keep", keep.to(next(iter(head.buffers()), keep).device), persistent=False)  # [K]
+        self.register_buffer("keep", keep, persistent=False)  # [K]
         self.out_features = vocab_size  # V: what LanguageModel.vocab_size reads
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -83,7 +87,8 @@ def restricted_draft(model: Any, n: int) -> Any:
     head = hf.get_output_embeddings()
     restricted_hf = copy.copy(hf)  # a new module object ...
     restricted_hf._modules = dict(hf._modules)  # ... with its own table of children: only the head differs
-    restricted_hf.set_output_embeddings(SubsetHead(head, kept_ids(n, vocab, set(model.eos_token_ids)), vocab))
+    keep = kept_ids(n, vocab, set(model.eos_token_ids)).to(model.device)  # [K]
+    restricted_hf.set_output_embeddings(SubsetHead(head, keep, vocab))
     restricted = copy.copy(model)
     restricted.hf_model = restricted_hf
     restricted.name = f"{model.name}@{n}"
