@@ -64,11 +64,13 @@ def main() -> None:
 
     if args.make_outputs:
         import specdec
+        from specdec.config import DEFAULT_TARGET, default_draft, default_target_quantize
 
-        target = specdec.load("qwen2.5-coder-1.5b")  # on a CPU: the exact int8 target
+        # what `specdec generate` runs: on a CPU the exact int8 target (its greedy tokens whatever the draft)
+        target = specdec.load(DEFAULT_TARGET, quantize=default_target_quantize(DEFAULT_TARGET))
         made = []
         for item in load_task("humaneval").items[: args.n]:
-            out = specdec.generate(target, item.prompt, draft="qwen2.5-coder-0.5b:int8<-prompt-lookup",
+            out = specdec.generate(target, item.prompt, draft=default_draft(target.device),
                                    max_new_tokens=args.max_new_tokens, temperature=0)
             made.append({"id": item.id, "prompt_ids": target.encode(item.prompt), "output_ids": out.token_ids})
         Path(args.outputs).write_text(json.dumps(made))
