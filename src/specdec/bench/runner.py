@@ -29,6 +29,7 @@ from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
 from specdec.sweeps import Unit, execute, plain_options, shards
 from specdec.sweeps.machine import load_average
+from specdec.sweeps.options import sweep_threads
 from specdec.sweeps.pool import ModelPool
 from specdec.sweeps.units import flatten, loaded_for
 
@@ -80,8 +81,8 @@ def run(args: argparse.Namespace, *, target: LanguageModel | None = None, draft:
     ray = getattr(args, "ray", None)
     if ray is not None and (target is not None or pool is not None or draft is not None):
         raise SpecDecError("--ray loads the models by name in every worker: give names, not loaded models")
-    if ray is not None and args.threads is None:
-        args.threads = 1
+    if ray is not None:
+        args.threads = sweep_threads(args.threads)
     if args.out:  # this run's log starts empty, before anything (a model's load or conversion) can fail
         (Path(args.out).expanduser() / RUNS_LOG).unlink(missing_ok=True)
     loaded = load_bench(args, target, draft, pool, prepare=ray is None)
