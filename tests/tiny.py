@@ -105,3 +105,26 @@ def tiny_seq2seq(kind: str = "t5", seed: int = 0, vocab: int = len(VOCAB), layer
     model.generation_config.forced_eos_token_id = None
     model.generation_config.forced_bos_token_id = None
     return specdec.load(model.float().eval(), tokenizer=tiny_tokenizer(), name=f"tiny-{kind}")
+
+
+# A character vocabulary (every printable ASCII character a token, plus a few JSON pieces): any text is expressible,
+# so JSON schemas and regular expressions constrain tiny models (tests/test_constraints.py).
+CHAR_PIECES = ['{"', '":', '",', ' "', '"}', "true", "false", "null"]
+CHAR_VOCAB = ["<unk>", "<s>", "</s>", "<pad>"] + [chr(c) for c in range(32, 127)] + CHAR_PIECES  # 107 tokens
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    from tokenizers import Regex, decoders
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(CHAR_VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one character per token
+    tok.decoder = decoders.Fuse()  # tokens joined without spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+def load_tiny_chars(kind: str = "llama", **kwargs) -> specdec.LanguageModel:
+    """A tiny random causal LM over :func:`char_tokenizer` (see :func:`tiny_model` for the options)."""
+    return specdec.load(tiny_model(kind, vocab=len(CHAR_VOCAB), **kwargs), tokenizer=char_tokenizer(),
+                        name=f"tiny-chars-{kind}")

@@ -107,6 +107,11 @@ class GenerationConfig:
     beam_mode: "exact" (paper A.4: identical to plain beam search) or "report" (the student report's
       Algorithm 2: approximate, labelled so in the output).
     length_penalty, early_stopping: beam search settings, as in transformers.
+    json_schema / regex / grammar: structured output (at most one): the output is JSON satisfying the schema (a
+      dict or JSON text), matches the regular expression, or derives from the Lark grammar (llguidance's
+      syntax). Exact under speculation: p and q are masked alike (specdec.constraints).
+    forced_drafts: under a constraint, propose the tokens the grammar forces as a draft before asking the draft
+      (specdec.drafters.forced); with a draft only.
     """
 
     gamma: int = DEFAULT_GAMMA
@@ -127,6 +132,10 @@ class GenerationConfig:
     beam_mode: str = "exact"
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    json_schema: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    forced_drafts: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
@@ -179,6 +188,13 @@ class GenerationConfig:
                 f"unknown beam mode {self.beam_mode!r}: beam_mode must be 'exact' or 'report' ('exact': paper "
                 "Appendix A.4, identical to plain beam search; 'report': the report's Algorithm 2, approximate)"
             )
+        if self.json_schema is not None:
+            from specdec.constraints.grammar import schema_text
+
+            object.__setattr__(self, "json_schema", schema_text(self.json_schema))
+        self.constraint  # validates the schema, regex or grammar (llguidance; before any model runs)
+        if not isinstance(self.forced_drafts, bool):
+            raise SpecDecError(f"forced_drafts must be True or False, got {self.forced_drafts!r}")
         if self.early_stopping not in (True, False, "never"):
             raise SpecDecError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if self.num_beams > 1:
@@ -189,6 +205,7 @@ class GenerationConfig:
                     ("lenience < 1", self.lenience < 1.0), ("stop strings", bool(self.stop)),
                     ("verification='block'", self.verification == "block"),
                     (f"gamma_schedule={self.gamma_schedule}", self.gamma_schedule != "constant"),
+                    ("a constraint (json_schema, regex, grammar)", self.constraint is not None),
                 ) if on
             ]
             if unsupported:
@@ -205,6 +222,15 @@ class GenerationConfig:
     def exact(self) -> bool:
         """True when the output follows the target's distribution exactly (no lenience)."""
         return self.lenience == 1.0
+
+    @property
+    def constraint(self) -> Any:
+        """The :class:`specdec.constraints.Grammar` of json_schema / regex / grammar, or None (compiled once)."""
+        if self.json_schema is None and self.regex is None and self.grammar is None:
+            return None
+        from specdec.constraints.grammar import cached_grammar
+
+        return cached_grammar(self.json_schema, self.regex, self.grammar)
 
     @property
     def sampling(self) -> SamplingParams:

@@ -26,10 +26,11 @@ import torch
 from specdec.config import GenerationConfig
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import DraftContext, DraftPlan, plan_draft
+from specdec.drafters.forced import ForcedDrafter, with_forced
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
-from specdec.round_graph import graphed_round, planned_draft, prepare_rounds
+from specdec.round_graph import graphed_round, prepare_steps  # noqa: F401 (prepare_steps: its public home)
 from specdec.rounds import speculative_round
 from specdec.sampling import SamplingParams
 from specdec.schedules import StepFeedback, make_schedule
@@ -155,6 +156,8 @@ def generate(
     if config.num_beams > 1:
         return _beam_generate(target, plan.draft, prompt_ids, config, seed)
     drafter = plan.build(target, inner_gamma=config.gamma)
+    if config.constraint is not None and drafter is not None and config.forced_drafts:
+        drafter = with_forced(drafter)
     run = _prepare(target, drafter, prompt_ids, config, seed, on_tokens)
     run.on_round = on_round
     try:
@@ -173,41 +176,6 @@ def check_target(target: Any) -> None:
         raise SpecDecError(f"{target.name} runs in llama.cpp, which specdec uses for drafts only (its multi-token "
                            "passes differ from its one-token steps, so verification would not be exact); load "
                            "the target with quantize='int8' (--quantize int8) or in bf16")
-
-
-def prepare_steps(target: LanguageModel, drafts: Sequence[Any], gammas: Sequence[int],
-                  max_positions: int | None = None,
-                  samplings: Sequence[SamplingParams] = (SamplingParams(),)) -> list[LanguageModel]:
-    """With CUDA graphs, fix the capture plan of the target and of every model that generations with
-    ``drafts`` (each what ``generate(draft=...)`` takes; none: plain decoding) and these gammas run
-    (:meth:`LanguageModel.prepare_steps`: one cache capacity, ``max_positions``, and the width buckets up
-    to each model's widest step captured), so that no capture lands inside a timed or waited-for
-    generation. The target's widest step verifies gamma drafts after one token (gamma + 1; plain
-    decoding: 1); each drafter names the models it runs and their widths
-    (:meth:`~specdec.drafters.base.Drafter.step_widths`). Plain decoding's step and every model draft's
-    round at each gamma are also captured whole, per sampling in ``samplings`` (default: greedy), as one
-    graph each (:mod:`specdec.round_graph`). Returns the models prepared."""
-    from specdec.models.graphs import MAX_GRAPH_WIDTH
-
-    widest: dict[Any, int] = {target: 1}  # model -> its widest step
-    rounds: list[tuple[Any, int]] = [(None, 0)]  # (draft model, gamma) of the rounds captured whole; plain's step
-    for draft in drafts:
-        plan = plan_draft(draft).load(target)  # its models load once, not once per gamma
-        for gamma in gammas:
-            drafter = plan.build(target, inner_gamma=gamma)
-            if drafter is not None:
-                widest[target] = max(widest[target], gamma + 1)
-                rounds.append((planned_draft(drafter), gamma))
-                for model, widths in drafter.step_widths(gamma).items():
-                    widest[model] = max([widest.get(model, 1), *widths])
-    if target.cuda_graphs and drafts and max(gammas, default=0) + 1 > MAX_GRAPH_WIDTH:
-        warnings.warn(f"gamma {max(gammas)} verifies {max(gammas) + 1} tokens, wider than the largest captured step "
-                      f"({MAX_GRAPH_WIDTH}): those verifications run eagerly", RuntimeWarning, stacklevel=2)
-    prepared = [m for m in widest if isinstance(m, LanguageModel)]
-    for model in prepared:
-        model.prepare_steps(max_positions, widest[model])
-    prepare_rounds(target, rounds, samplings, max_positions)
-    return prepared
 
 
 def _check_names(target: Any, plan: DraftPlan) -> None:
@@ -258,6 +226,7 @@ class _Run:
     stop_text: str | None = None
     on_round: RoundCallback | None = None
     carried: torch.Tensor | None = None  # [1, V] the last position's logits from the prefill (first round only)
+    constraint: Any = None  # structured output: the generation's specdec.constraints.Constraint
 
     def close(self) -> None:
         """Give every cache back to its model's pool: the target's and every draft level's."""
@@ -281,6 +250,10 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
                new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
     if config.stop:
         run.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
+    if config.constraint is not None:
+        from specdec.constraints import Constraint
+
+        run.constraint = Constraint(config.constraint, target, len(sequence), device)
     # the whole sequence: its last position's logits give the first token (or verify the first draft)
     run.carried = session.prefill(sequence)[None]  # [1, V]
     if drafter is not None:
@@ -288,7 +261,7 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
         source = prompt_ids if target.is_encoder_decoder else ()
         stop_below = config.confidence if config.gamma_schedule == "confidence" else None
         drafter.start(DraftContext(prompt_ids, config.sampling, run.generator, target.vocab_size, frozenset(run.eos),
-                                   source, stop_below, device, len(sequence) + limit + 1, run.ids))
+                                   source, stop_below, device, len(sequence) + limit + 1, run.ids, run.constraint))
         stats.time_draft += wall() - t0
     return run
 
@@ -310,17 +283,27 @@ def _round(run: _Run) -> None:
     carried, run.carried = run.carried, None
     # [1] the sequence's last token, which the target's cache lacks; [0] after the prefill (it cached them all)
     pending = run.ids[length - (carried is None): length]
-    r = graphed_round(run, k) if carried is None else None  # the whole round as one captured graph, if planned
+    # the whole round as one captured graph, if planned (not under a constraint: its masks come from the host)
+    r = graphed_round(run, k) if carried is None and run.constraint is None else None
     if r is None:
         r = speculative_round(run.session, drafter, run.sequence, k, pending, config.sampling, run.generator,
-                              run.clock, lenience=config.lenience, verification=config.verification, carried=carried)
+                              run.clock, lenience=config.lenience, verification=config.verification, carried=carried,
+                              constraint=run.constraint)
         run.stats.rounds_per_step += bool(run.target.cuda_graphs)
+        if run.constraint is not None:
+            run.constraint.commit()
+            if run.constraint.dead_end:
+                raise SpecDecError(f"{run.constraint.grammar.label} cannot be completed with {run.target.name}'s "
+                                   f"tokenizer after {run.target.decode(run.sequence[run.start_len:] + r.new)!r}: "
+                                   "no token can continue it")
     run.stats.record_round(r)
     run.ids[length: length + r.n + 1] = r.result.tokens[: r.n + 1]  # the round's tokens stay on the device
     if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))
     added = append_tokens(run, r.new, [True] * r.n + [False])
+    if run.constraint is not None and not run.stats.stop_reason and (r.refused or run.constraint.finished):
+        run.stats.stop_reason = "constraint"  # the grammar is complete and allows no end-of-sequence token
     if run.on_round is not None:
         run.on_round(RoundEvent(r.proposal.tokens.tolist(), r.n, added, run.from_draft[len(run.from_draft) - len(added):]))
 
@@ -381,6 +364,8 @@ def finish_output(run: _Run) -> GenerationOutput:
         stats.not_exact_reason = (f"the target is quantized ({target.quantization}) without block invariance: its "
                                   "logits depend on how many tokens a forward pass covers, so verification is not "
                                   "token-identical to its own plain decoding")
+    if run.constraint is not None:
+        stats.constraint = {**run.constraint.report(), **(drafter.report() if isinstance(drafter, ForcedDrafter) else {})}
     if drafter is not None:
         report = drafter.stats()
         stats.time_convert += report.time_convert

@@ -251,3 +251,41 @@ def graphed_round(run: Any, k: int) -> Round | None:
     # views of ``out`` (float64), read before the next replay: the loop copies the tokens into run.ids
     result = Verification(out[1: gamma + 2], out[0], out[gamma + 2: 2 * gamma + 2])
     return Round(proposal, result, new, n, betas, draft_calls, run.clock.seconds(t0, t1), run.clock.seconds(t1, t2))
+
+
+def prepare_steps(target: "LanguageModel", drafts: Sequence[Any], gammas: Sequence[int],
+                  max_positions: int | None = None,
+                  samplings: Sequence[SamplingParams] = (SamplingParams(),)) -> "list[LanguageModel]":
+    """With CUDA graphs, fix the capture plan of the target and of every model that generations with
+    ``drafts`` (each what ``generate(draft=...)`` takes; none: plain decoding) and these gammas run
+    (:meth:`LanguageModel.prepare_steps`: one cache capacity, ``max_positions``, and the width buckets up
+    to each model's widest step captured), so that no capture lands inside a timed or waited-for
+    generation. The target's widest step verifies gamma drafts after one token (gamma + 1; plain
+    decoding: 1); each drafter names the models it runs and their widths
+    (:meth:`~specdec.drafters.base.Drafter.step_widths`). Plain decoding's step and every model draft's
+    round at each gamma are also captured whole, per sampling in ``samplings`` (default: greedy), as one
+    graph each (:mod:`specdec.round_graph`). Returns the models prepared."""
+    import warnings
+
+    from specdec.drafters import plan_draft
+    from specdec.models.causal import LanguageModel
+
+    widest: dict[Any, int] = {target: 1}  # model -> its widest step
+    rounds: list[tuple[Any, int]] = [(None, 0)]  # (draft model, gamma) of the rounds captured whole; plain's step
+    for draft in drafts:
+        plan = plan_draft(draft).load(target)  # its models load once, not once per gamma
+        for gamma in gammas:
+            drafter = plan.build(target, inner_gamma=gamma)
+            if drafter is not None:
+                widest[target] = max(widest[target], gamma + 1)
+                rounds.append((planned_draft(drafter), gamma))
+                for model, widths in drafter.step_widths(gamma).items():
+                    widest[model] = max([widest.get(model, 1), *widths])
+    if target.cuda_graphs and drafts and max(gammas, default=0) + 1 > MAX_GRAPH_WIDTH:
+        warnings.warn(f"gamma {max(gammas)} verifies {max(gammas) + 1} tokens, wider than the largest captured step "
+                      f"({MAX_GRAPH_WIDTH}): those verifications run eagerly", RuntimeWarning, stacklevel=2)
+    prepared = [m for m in widest if isinstance(m, LanguageModel)]
+    for model in prepared:
+        model.prepare_steps(max_positions, widest[model])
+    prepare_rounds(target, rounds, samplings, max_positions)
+    return prepared

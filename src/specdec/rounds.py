@@ -36,6 +36,7 @@ class Round:
     draft_calls: int
     time_draft: float
     time_verify: float
+    refused: bool = False  # under a constraint: the grammar was complete and allowed no token, not even EOS
 
     @property
     def drafted(self) -> int:
@@ -55,7 +56,7 @@ def with_carried(carried: torch.Tensor | None, logits: torch.Tensor | None) -> t
 def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[int], k: int, pending: torch.Tensor,
                       sampling: SamplingParams, generator: torch.Generator, clock: RoundClock, *,
                       width: int | None = None, lenience: float = 1.0, verification: str = "token",
-                      carried: torch.Tensor | None = None) -> Round:
+                      carried: torch.Tensor | None = None, constraint: Any = None) -> Round:
     """One round: ``drafter`` proposes up to ``k`` tokens continuing ``sequence`` (k = 0 or no drafter: a plain
     step); the session's model scores ``pending`` (the tokens of ``sequence`` it has not seen, [m] long on the
     device) and the drafts in one pass; the drafts are verified (``acceptance.verify``) and read back once;
@@ -67,6 +68,9 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
     which covers the whole prompt: the first round of a generation), with ``pending`` empty: the pass then
     covers the drafts only, and a plain first step makes no pass at all (as transformers' and llama.cpp's
     first token comes from their prefill).
+    constraint: a :class:`specdec.constraints.Constraint` (structured output): the drafts are cut at the first
+    token the grammar refuses (:meth:`~specdec.constraints.Constraint.admit`), every verified position's logits
+    are masked to what the grammar allows there, and the emitted tokens stay pushed (the caller commits them).
     """
     t0 = clock.mark()
     if k > 0 and drafter is not None:
@@ -75,6 +79,9 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
         draft_calls = drafter.forward_passes - before
     else:
         proposal, draft_calls = Draft.empty(pending.device), 0
+    depth = constraint.depth_of(len(sequence)) if constraint is not None else 0
+    if constraint is not None:
+        proposal = constraint.admit(proposal, depth)
     t1 = clock.mark()
     g = len(proposal)
     fed = torch.cat([pending, proposal.tokens])  # [m + g]
@@ -82,10 +89,15 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
     logits = with_carried(carried, session.extend(fed, wanted) if len(fed) else None)  # [g + 1, V]
     if width is not None:
         logits = fit_width(logits, width)
+    if constraint is not None:
+        logits = constraint.restrict(logits, depth)  # [g + 1, V]
     result = verify(logits, proposal.tokens, proposal.q, sampling, generator, lenience, verification)
     t2 = clock.mark()
     new, n, betas = result.read()  # the round's one synchronization
+    refused = constraint is not None and constraint.settle(depth, new) < len(new)
+    if refused:  # only the target's token can be refused (the drafts were admitted): the grammar is complete
+        new = new[:n]
     session.rollback(len(sequence) + n)  # the sequence and the accepted drafts, not the new token
     if drafter is not None:
         drafter.update(n)  # after a plain step too (n = 0 of nothing drafted)
-    return Round(proposal, result, new, n, betas, draft_calls, clock.seconds(t0, t1), clock.seconds(t1, t2))
+    return Round(proposal, result, new, n, betas, draft_calls, clock.seconds(t0, t1), clock.seconds(t1, t2), refused)

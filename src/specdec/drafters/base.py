@@ -74,6 +74,10 @@ class DraftContext:
       called, positions < len(sequence) hold the sequence; the loop writes each round's tokens in place
       (and a hierarchy's level what it emits while it drafts). A model draft feeds the tokens its cache
       lacks from here instead of uploading host ids (None: no device copy, feed the host ids).
+    constraint: the generation's :class:`specdec.constraints.Constraint` (None: unconstrained). A drafter that
+      samples from a model masks its logits with it at each drafted position (``restrict``) and pushes each
+      token it drafts (``push``); any other drafter may ignore it: the loop drops a drafted token the grammar
+      refuses, and everything after it, before verification.
     """
 
     prompt_ids: Sequence[int]
@@ -86,6 +90,7 @@ class DraftContext:
     device: torch.device = torch.device("cpu")
     max_positions: int | None = None
     sequence_ids: torch.Tensor | None = None
+    constraint: Any = None
 
     @cached_property
     def host_generator(self) -> torch.Generator:

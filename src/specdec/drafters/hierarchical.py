@@ -64,7 +64,8 @@ class SpeculativeDrafter(ModelDrafter):
         while len(tokens) < k:
             kk = k - len(tokens) - 1  # leave room for M_1's own residual/bonus token
             r = speculative_round(self.session, self.inner, prefix, min(self.inner_gamma, kk), pending,
-                                  ctx.sampling, ctx.generator, self.clock, width=ctx.vocab_size)
+                                  ctx.sampling, ctx.generator, self.clock, width=ctx.vocab_size,
+                                  constraint=ctx.constraint)  # M_1's rows masked as the target's will be
             self.level.record_round(r)
             if r.result.p is not None:
                 qs.extend(r.result.p[: r.n + 1])  # each emitted token was drawn from M_1's row at its position
@@ -74,8 +75,8 @@ class SpeculativeDrafter(ModelDrafter):
             prefix.extend(r.new)
             emitted.append(r.result.tokens[: r.n + 1])
             pending = r.result.tokens[r.n: r.n + 1]  # [1] M_1's own token: the one its cache lacks
-            if any(t in ctx.eos_token_ids for t in r.new):
-                break  # nothing after an end-of-sequence token can be accepted
+            if r.refused or any(t in ctx.eos_token_ids for t in r.new):
+                break  # nothing after an end-of-sequence token (or a complete grammar) can be accepted
         tokens = tokens[:k]
         self._proposed = (len(sequence), len(tokens))
         self.level.new_tokens += len(tokens)

@@ -101,11 +101,19 @@ class ModelDrafter(SessionDrafter):
         tokens: list[torch.Tensor] = []  # [] long each, on the device
         qs: list[torch.Tensor] = []
         logits = self.catch_up(sequence)  # [V]
+        constraint = ctx.constraint
+        depth = constraint.depth_of(len(sequence)) if constraint is not None else 0
         for i in range(k):
+            if constraint is not None:  # q gets the target's mask at the same position (a host sync per token)
+                logits = constraint.restrict(fit_width(logits, ctx.vocab_size), depth + i)
+                if not bool(torch.isfinite(logits).any()):
+                    break  # nothing the grammar allows is in this draft's vocabulary (a cut head)
             drafted = draft_token(logits, ctx.vocab_size, ctx.sampling, ctx.generator, ctx.stop_below)
             if drafted is None:
                 break
             x, q = drafted
+            if constraint is not None and not constraint.push(depth + i, int(x)):
+                break
             if q is not None:
                 qs.append(q)
             tokens.append(x)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from specdec.drafters.base import Drafter
+from specdec.drafters.forced import ForcedDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.drafters.random_tokens import RandomDrafter
@@ -17,4 +18,5 @@ DRAFTER_NAMES: dict[str, Callable[[], Drafter]] = {
     "unigram": lambda: NGramDrafter(order=1),
     "bigram": lambda: NGramDrafter(order=2),
     "random": RandomDrafter,
+    "grammar": ForcedDrafter,  # the tokens a constraint forces (specdec.drafters.forced); needs json_schema / regex / grammar
 }
