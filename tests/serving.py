@@ -15,11 +15,13 @@ from typing import Iterator
 import httpx
 import torch
 
-from tiny import tiny_model, tiny_tokenizer
+from tiny import CHAR_VOCAB, char_tokenizer, tiny_model, tiny_tokenizer
 
 # The tiny word-level tokenizer has no chat template of its own; this one uses words of its vocabulary.
 CHAT_TEMPLATE = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
                  "{% if add_generation_prompt %}w3{% endif %}")
+CHAR_CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}<assistant>{% endif %}")
 CONTEXT = 4096  # long enough for a request that is still running when a test needs it to be
 
 
@@ -29,17 +31,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def save_tiny(folder, seed: int, noise: float = 0.0) -> str:
+def save_tiny(folder, seed: int, noise: float = 0.0, chars: bool = False) -> str:
     """A tiny model saved to ``folder``; ``noise`` > 0: Gaussian noise of that relative scale on every weight
-    (with the target's seed, a draft that agrees with it often: tiny.perturbed)."""
-    model = tiny_model(eos=None, seed=seed)  # no EOS: every generation runs to max_tokens
+    (with the target's seed, a draft that agrees with it often: tiny.perturbed). ``chars``: over the character
+    vocabulary (tiny.char_tokenizer, any text expressible: structured output), with an EOS token."""
+    if chars:
+        model, tokenizer = tiny_model(vocab=len(CHAR_VOCAB), seed=seed, sharp=3.0), char_tokenizer()
+        tokenizer.chat_template = CHAR_CHAT_TEMPLATE
+    else:
+        model, tokenizer = tiny_model(eos=None, seed=seed), tiny_tokenizer()  # no EOS: every run hits max_tokens
+        tokenizer.chat_template = CHAT_TEMPLATE
     model.config.max_position_embeddings = CONTEXT
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in model.parameters() if noise else ():
             param.add_(torch.randn(param.shape, generator=g) * noise * param.std())
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
@@ -56,11 +62,12 @@ def wait_until(condition, seconds: float, what: str):
 
 
 @contextlib.contextmanager
-def tiny_server(root, *options: str, draft_noise: float = 0.0) -> Iterator[SimpleNamespace]:
+def tiny_server(root, *options: str, draft_noise: float = 0.0, chars: bool = False) -> Iterator[SimpleNamespace]:
     """Serve a tiny target (seed 0) in fp32 with a tiny int8 draft: another random model (seed 1), or with
-    ``draft_noise`` the target's weights plus that much noise. Yields (url, model: the target's folder, log)."""
-    target = save_tiny(root / "target", 0)
-    draft = save_tiny(root / "draft", 0, draft_noise) if draft_noise else save_tiny(root / "draft", 1)
+    ``draft_noise`` the target's weights plus that much noise (``chars``: over the character vocabulary).
+    Yields (url, model: the target's folder, log)."""
+    target = save_tiny(root / "target", 0, chars=chars)
+    draft = save_tiny(root / "draft", 0, draft_noise, chars) if draft_noise else save_tiny(root / "draft", 1, chars=chars)
     port = free_port()
     # One thread: tiny models gain nothing from more, and two processes spinning on two shared cores ran 10x slower.
     env = {**{k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}, "OMP_NUM_THREADS": "1"}

@@ -258,7 +258,7 @@ def no_loading(monkeypatch):
     "argv, message",
     [
         (["--draft", "nosuch"], "unknown model 'nosuch': not a preset, an existing path or a hub id"),
-        (["--draft", "nosuch"], "as a draft, also accepted: prompt-lookup, suffix, unigram, bigram, random, none"),
+        (["--draft", "nosuch"], "as a draft, also accepted: prompt-lookup, suffix, unigram, bigram, random, grammar, none"),
         (["--quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
         (["--draft-quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
         (["--target", "qwen-coder"], "unknown model 'qwen-coder'"),
@@ -282,6 +282,9 @@ def no_loading(monkeypatch):
         (["--confidence", "1.5"], "confidence must be in (0, 1)"),
         (["--num-beams", "2", "--stop", "x"], "does not support stop strings"),
         (["--length-penalty", "nan"], "length_penalty must be a finite number"),
+        (["--regex", "a(b"], "the regular expression is invalid"),
+        (["--regex", "a", "--grammar", "/nonexistent/g.lark"], "cannot read the grammar file '/nonexistent/g.lark'"),
+        (["--json-schema", "/nonexistent/s.json"], "cannot read the JSON schema file '/nonexistent/s.json'"),
     ],
 )
 def test_every_bad_input_is_rejected_before_any_model_loads(capsys, no_loading, argv, message):
@@ -506,3 +509,32 @@ def test_openmp_wait_policy_default(given, torch_first, expected):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(expected)
+
+
+def test_structured_output_from_the_command_line(capsys, tmp_path):
+    """--json-schema FILE on a tiny model over the character vocabulary: JSON satisfying the schema, the API's
+    tokens; an output cut by --max-new-tokens says so."""
+    import jsonschema
+    from serving import save_tiny
+
+    folder = save_tiny(tmp_path / "chars", 0, chars=True)
+    schema = {"type": "object", "properties": {"k": {"enum": ["on", "off"]}, "n": {"type": "integer", "minimum": 2,
+                                                                                   "maximum": 5}},
+              "required": ["k", "n"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    code, out, err = run(capsys, "generate", "go", "--target", folder, "--draft", "prompt-lookup", "--dtype", "fp32",
+                         "--json-schema", str(path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    from specdec.schema import GENERATION_SCHEMA
+
+    check_schema(doc, GENERATION_SCHEMA)
+    jsonschema.validate(doc, GENERATION_SCHEMA)
+    jsonschema.validate(json.loads(doc["text"]), schema)
+    api = specdec.generate(specdec.load(folder, dtype="fp32"), "go", json_schema=schema)
+    assert doc["token_ids"] == api.token_ids and doc["stats"]["constraint"]["complete"]
+    code, out, err = run(capsys, "generate", "go", "--target", folder, "--draft", "none", "--dtype", "fp32",
+                         "--json-schema", str(path), "--max-new-tokens", "3", "--color", "never")
+    assert code == 0 and "constraint (json_schema): NOT complete" in out
+    assert "the output ends before the JSON schema is complete (stopped: max_new_tokens)" in err

@@ -282,3 +282,24 @@ def test_a_dead_end_the_tokenizer_cannot_continue_is_an_error_naming_it(target):
     assert c.settle(0, [b, cc]) == 2
     c.commit()
     assert c.complete and not c.dead_end
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "prompt-lookup", "none"])
+def test_constrained_batch_rows_equal_their_generation_alone(target, draft, draft_kind):
+    """Rows with different schemas (and one unconstrained) share a batch; each is what generate gives it alone."""
+    row_draft = {"model": draft, "none": None}.get(draft_kind, draft_kind)
+    prompts = ["x=", "name:", "go ", "a", "{"]
+    configs = [specdec.GenerationConfig(json_schema=PERSON, max_new_tokens=120, gamma=4),
+               specdec.GenerationConfig(json_schema=NESTED, max_new_tokens=120, gamma=3),
+               specdec.GenerationConfig(json_schema=ENUM_ONLY, max_new_tokens=40),
+               specdec.GenerationConfig(regex="[a-c]{3,6}!", max_new_tokens=40, gamma=2),
+               specdec.GenerationConfig(max_new_tokens=15)]
+    alone = [specdec.generate(target, p, draft=row_draft, config=c) for p, c in zip(prompts, configs)]
+    outs = specdec.generate_batch(target, prompts, draft=row_draft, configs=configs)
+    for out, ref, config in zip(outs, alone, configs):
+        assert out.token_ids == ref.token_ids
+        assert out.stats.stop_reason == ref.stats.stop_reason
+        if config.json_schema is not None:
+            jsonschema.validate(json.loads(out.text), json.loads(config.json_schema))
+    if draft_kind == "prompt-lookup":  # the grammar's forced tokens drafted for the rows
+        assert outs[0].stats.constraint["forced_accepted"] > 0

@@ -335,6 +335,15 @@ BAD = [  # (path, body, status, the error's param, words of its message)
      400, "top_p", "'top_p' must be a number in (0, 1], got inf"),
     ("/v1/completions", {"model": M, "prompt": "w1 " * 5000}, 400, "prompt", "but the model reads at most 4096"),
     ("/v1/completions", {"model": M, "prompt": {"text": "w1"}}, 400, "prompt", "'prompt' must be a string or a list"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "response_format": {"type": "xml"}},
+     400, "response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"}"),
+    ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "w1"}],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
+     400, "response_format", "'response_format.json_schema' must be an object with a 'schema' object"),
+    ("/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "w1"}],
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
+     400, "response_format", "the JSON schema is invalid"),
     ("/v1/nowhere", {}, 404, None, 'Not Found'),
 ]
 

@@ -8,7 +8,7 @@ import torch
 
 from specdec.batch_row import MODEL, BatchRow
 from specdec.drafters.base import Draft
-from specdec.drafters.model import draft_token
+from specdec.drafters.model import draft_token, fit_width
 from specdec.models.batch_session import BatchSession
 
 CATCH_UP = 32  # a draft row further behind than this is caught up in passes of at most this many tokens
@@ -38,9 +38,14 @@ def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vo
             if not going[i]:
                 continue
             stop_below = row.config.confidence if row.config.gamma_schedule == "confidence" else None
-            drafted = draft_token(logits[i][-1], vocab_size, row.config.sampling, row.generator,
-                                  stop_below)
-            if drafted is None:
+            row_logits = logits[i][-1]  # [V']
+            if row.constraint is not None:  # the row's mask at this depth (its committed sequence is depth 0)
+                row_logits = row.constraint.restrict(fit_width(row_logits, vocab_size), step)
+                going[i] = bool(torch.isfinite(row_logits).any())
+                if not going[i]:
+                    continue
+            drafted = draft_token(row_logits, vocab_size, row.config.sampling, row.generator, stop_below)
+            if drafted is None or (row.constraint is not None and not row.constraint.push(step, int(drafted[0]))):
                 going[i] = False
                 continue
             x, q = drafted

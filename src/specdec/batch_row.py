@@ -46,6 +46,7 @@ class BatchRow:
     carried: torch.Tensor | None = None  # [1, V] its last position's logits from its prefill (its first round only)
     cancelled: str | None = None
     finish: Any = None  # the server's: the response payload of a finished row
+    constraint: Any = None  # structured output: the row's specdec.constraints.Constraint
 
     @property
     def done(self) -> bool:

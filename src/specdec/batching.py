@@ -24,6 +24,9 @@ whatever shares the batch (its attention runs per sequence as in the one-sequenc
 products may depend on the batch, and this engine attends through a mask over a padded window where the
 dynamic engine attends over the exact prefix, so a near-tie can break differently.
 
+Structured output (a row's json_schema / regex / grammar) masks that row's target and draft logits, as in
+:func:`specdec.generate`; the grammar's forced tokens draft for rows with a parameter-free drafter.
+
 Not batched (run one sequence at a time with :func:`specdec.generate`): hierarchies, drafts with another
 tokenizer, encoder-decoder targets, beam search.
 """
@@ -41,14 +44,16 @@ from specdec.batch_drafting import propose_model
 from specdec.batch_gamma import BatchGamma, RowAlpha
 from specdec.batch_row import MODEL, BatchRow, ModelRowDrafter
 from specdec.config import GenerationConfig
+from specdec.constraints import Constraint
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters.base import Draft, DraftContext
+from specdec.drafters.forced import with_forced
 from specdec.drafters.plan import DRAFTER_NAMES, plan_draft
 from specdec.errors import SpecDecError
 from specdec.models import load
 from specdec.models.batch_session import BatchSession
 from specdec.models.causal import new_token_limit
-from specdec.rounds import Round, with_carried
+from specdec.rounds import Round, check_dead_end, with_carried
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -122,6 +127,8 @@ class BatchEngine:
                 raise SpecDecError(f"a row of a batch drafts with the engine's draft model or one parameter-free "
                                    f"drafter ({', '.join(DRAFTER_NAMES)}), got {draft!r}")
             draft = DRAFTER_NAMES[draft]()
+        if draft not in (MODEL, None) and config.constraint is not None and config.forced_drafts:
+            draft = with_forced(draft)  # the grammar's forced tokens first (a model-drafted row: not yet)
         if draft == MODEL:
             drafter = ModelRowDrafter(self.draft_model.name)
         elif draft is not None:
@@ -139,6 +146,8 @@ class BatchEngine:
                        on_tokens, on_round, Stopwatch(device)())
         if config.stop:
             row.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
+        if config.constraint is not None:
+            row.constraint = Constraint(config.constraint, target, len(prompt_ids), device)
         self.waiting.append(row)
         return row
 
@@ -165,7 +174,7 @@ class BatchEngine:
                 stop_below = config.confidence if config.gamma_schedule == "confidence" else None
                 row.draft.start(DraftContext(row.prompt_ids, config.sampling, row.generator, self.target.vocab_size,
                                              frozenset(row.eos), (), stop_below, self.target.device,
-                                             len(row.sequence) + row.limit + 1, row.ids))
+                                             len(row.sequence) + row.limit + 1, row.ids, row.constraint))
             self.rows.append(row)
         return dropped
 
@@ -217,6 +226,8 @@ class BatchEngine:
         for i, row in enumerate(rows):
             if row.draft is not None and row.draft != MODEL and ks[i] > 0:
                 drafts[i] = row.draft.propose(row.sequence, ks[i])
+            if row.constraint is not None:  # cut at the first refused token, q masked (specdec.constraints)
+                drafts[i] = row.constraint.admit(drafts[i], 0)
         t1 = self.clock.mark()
         # per row: its last token (the target's cache lacks it) and its drafts; a row that joined this round
         # brings its last position's logits from its prefill, and feeds its drafts only (a plain one: nothing)
@@ -226,6 +237,7 @@ class BatchEngine:
         width = max(wanted)
         fed = self.target_session.extend(feeds, wanted) if width else [None] * len(rows)  # [m_i, V] per row
         logits = [with_carried(row.carried, lg) for lg, row in zip(fed, rows)]  # [g_i + 1, V] per row
+        logits = [lg if row.constraint is None else row.constraint.restrict(lg, 0) for lg, row in zip(logits, rows)]
         carried = [row.carried is not None for row in rows]
         for row in rows:
             row.carried = None
@@ -245,6 +257,8 @@ class BatchEngine:
 
         for i, row in enumerate(rows):
             new, n, betas, drafted_ids = read[i]
+            refused = row.constraint is not None and row.constraint.settle(0, new) < len(new)
+            new = new[:n] if refused else new  # the grammar was complete and allowed nothing, not even EOS
             self.target_session.rollback(i, len(row.sequence) + n)  # the sequence + accepted drafts
             if row.draft == MODEL and row.proposed is not None:
                 length, k = row.proposed
@@ -260,7 +274,12 @@ class BatchEngine:
             length = len(row.sequence)
             row.ids[length: length + n + 1] = results[i].tokens[: n + 1]
             try:
+                if row.constraint is not None:
+                    row.constraint.commit()
+                    check_dead_end(row, new)
                 added = append_tokens(row, new, [True] * n + [False])
+                if row.constraint is not None and not row.stats.stop_reason and (refused or row.constraint.finished):
+                    row.stats.stop_reason = "constraint"
                 if row.on_round is not None:
                     row.on_round(RoundEvent(drafted_ids, n, added, row.from_draft[len(row.from_draft) - len(added):]))
             except Exception as err:  # the row's consumer failed or left (serve: Cancelled): only this row ends

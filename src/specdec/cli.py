@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 import time
 from typing import Sequence
@@ -54,6 +55,21 @@ class _Streamer:
         sys.stdout.flush()
 
 
+def constraint_options(args: argparse.Namespace) -> dict[str, str]:
+    """json_schema / regex / grammar from --json-schema FILE, --regex PATTERN, --grammar FILE (files read here)."""
+    from specdec.errors import SpecDecError
+
+    out = {"regex": args.regex}
+    for key, path, what in (("json_schema", args.json_schema, "JSON schema"), ("grammar", args.grammar, "grammar")):
+        if path is not None:
+            try:
+                out[key] = pathlib.Path(path).read_text(encoding="utf-8")
+            except OSError as e:
+                raise SpecDecError(f"cannot read the {what} file {path!r}: {e.strerror or e}; give the path of a "
+                                   f"file that holds the {what}") from None
+    return out
+
+
 def _generate(args: argparse.Namespace) -> int:
     import specdec
 
@@ -64,7 +80,7 @@ def _generate(args: argparse.Namespace) -> int:
         gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
         lenience=args.lenience, verification=args.verification, num_beams=args.num_beams,
         draft_beams=args.draft_beams, beam_mode=args.beam_mode,
-        length_penalty=args.length_penalty,
+        length_penalty=args.length_penalty, forced_drafts=args.forced_drafts, **constraint_options(args),
     )
     if not prompt.strip():
         raise specdec.SpecDecError("the prompt is empty; give some text to continue"
@@ -91,6 +107,9 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{COLOUR_DRAFT}accepted from the draft{COLOUR_RESET}  {COLOUR_TARGET}produced by the target{COLOUR_RESET}\n")
     print(f"target {target.name}, draft {draft_label(draft)}")
     print(out.stats.summary())
+    if out.stats.constraint and not out.stats.constraint["complete"]:
+        print(f"specdec: the output ends before {config.constraint.label} is complete (stopped: "
+              f"{out.stats.stop_reason}); raise --max-new-tokens", file=sys.stderr)
     if "beam" in out.extra:
         beam = out.extra["beam"]
         label = "exact" if beam.get("exact") else "APPROXIMATE (report's Algorithm 2)"

@@ -71,6 +71,18 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                    help="paper A.5: l in (0, 1]; below 1 trades exactness for speed (default 1 = exact)")
 
 
+def _add_constraint_options(p: argparse.ArgumentParser) -> None:
+    """Structured output (specdec.constraints): one of the three; exact under speculation."""
+    group = p.add_argument_group("structured output (one of)")
+    group.add_argument("--json-schema", metavar="FILE", default=None,
+                       help="the output is JSON that satisfies the JSON schema in FILE (one line, json.dumps layout)")
+    group.add_argument("--regex", metavar="PATTERN", default=None, help="the whole output matches this regular expression")
+    group.add_argument("--grammar", metavar="FILE", default=None,
+                       help="the output derives from the Lark grammar in FILE (llguidance's syntax; docs/structured_output.md)")
+    group.add_argument("--no-forced-drafts", dest="forced_drafts", action="store_false", default=None,
+                       help="do not propose the tokens the grammar forces as a draft (they are by default, with a draft)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specdec",
@@ -81,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text, speculatively, with statistics")
     gen.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
     _add_generation_options(gen)
+    _add_constraint_options(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON document (text, token_ids, stats) instead of streaming")
     gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                      help="colour tokens by origin: green = accepted from the draft, blue = produced by the target")

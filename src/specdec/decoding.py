@@ -31,7 +31,7 @@ from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
 from specdec.round_graph import graphed_round, prepare_steps  # noqa: F401 (prepare_steps: its public home)
-from specdec.rounds import speculative_round
+from specdec.rounds import check_dead_end, speculative_round
 from specdec.sampling import SamplingParams
 from specdec.schedules import StepFeedback, make_schedule
 from specdec.stats import GenerationStats
@@ -292,10 +292,7 @@ def _round(run: _Run) -> None:
         run.stats.rounds_per_step += bool(run.target.cuda_graphs)
         if run.constraint is not None:
             run.constraint.commit()
-            if run.constraint.dead_end:
-                raise SpecDecError(f"{run.constraint.grammar.label} cannot be completed with {run.target.name}'s "
-                                   f"tokenizer after {run.target.decode(run.sequence[run.start_len:] + r.new)!r}: "
-                                   "no token can continue it")
+            check_dead_end(run, r.new)
     run.stats.record_round(r)
     run.ids[length: length + r.n + 1] = r.result.tokens[: r.n + 1]  # the round's tokens stay on the device
     if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)

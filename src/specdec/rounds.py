@@ -101,3 +101,14 @@ def speculative_round(session: Any, drafter: Drafter | None, sequence: Sequence[
     if drafter is not None:
         drafter.update(n)  # after a plain step too (n = 0 of nothing drafted)
     return Round(proposal, result, new, n, betas, draft_calls, clock.seconds(t0, t1), clock.seconds(t1, t2), refused)
+
+
+def check_dead_end(run: Any, new: list[int]) -> None:
+    """After a round's tokens were committed to ``run.constraint``: the error for a text the grammar allowed but no
+    token of the tokenizer can continue (the one-sequence loop's and a batch row's)."""
+    constraint = run.constraint
+    if constraint is not None and constraint.dead_end:
+        from specdec.errors import SpecDecError
+
+        raise SpecDecError(f"{constraint.grammar.label} cannot be completed with {run.target.name}'s tokenizer after "
+                           f"{run.target.decode(run.sequence[run.start_len:] + new)!r}: no token can continue it")

@@ -38,14 +38,25 @@ STATS_SCHEMA = _object({
     "time_total_s": _NUMBER,
     "tokens_per_second": _NULLABLE_NUMBER,
     "seed": _INTEGER,  # the seed the run used (given, or drawn): --seed with it replays the run
-    "stop_reason": {"type": "string", "enum": ["eos", "stop", "max_new_tokens", "context"]},
+    # constraint: a complete grammar that allows no end-of-sequence token ended it (structured output)
+    "stop_reason": {"type": "string", "enum": ["eos", "stop", "max_new_tokens", "context", "constraint"]},
     "exact": {"type": "boolean"},
     "not_exact_reason": {"type": ["string", "null"]},
     "levels": {"type": "array", "items": {"type": "object"}},  # hierarchical drafting: one object per level
     "schedule": {"type": "object"},  # the gamma schedule's final state ({} without a draft)
     "rounds_graphed": {"type": "integer"},  # with CUDA graphs: rounds replayed as one captured graph (specdec.round_graph)
     "rounds_per_step": {"type": "integer"},  # with CUDA graphs: rounds that ran step by step (the first, any off the plan)
-})
+    "constraint": _object({  # structured output only (specdec.constraints)
+        "kind": {"type": "string", "enum": ["json_schema", "regex", "grammar"]},
+        "source": {"type": "string"},  # the schema (JSON text), the regex or the grammar
+        "complete": {"type": "boolean"},  # the text matches the whole constraint
+        "masks": _INTEGER,  # allowed-token sets computed
+        "mask_seconds": _NUMBER,  # host time computing them
+        "forced_rounds": _INTEGER,  # the grammar's own draft (with a draft): rounds it drafted,
+        "forced_proposed": _INTEGER,  # ... the forced tokens it proposed,
+        "forced_accepted": _INTEGER,  # ... and those accepted
+    }, optional=("forced_rounds", "forced_proposed", "forced_accepted")),
+}, optional=("constraint",))
 
 CONFIG_SCHEMA = _object({
     "gamma": _INTEGER,
@@ -66,6 +77,10 @@ CONFIG_SCHEMA = _object({
     "beam_mode": {"type": "string", "enum": ["exact", "report"]},
     "length_penalty": _NUMBER,
     "early_stopping": {"type": ["boolean", "string"]},
+    "json_schema": {"type": ["string", "null"]},  # the schema as JSON text
+    "regex": {"type": ["string", "null"]},
+    "grammar": {"type": ["string", "null"]},
+    "forced_drafts": {"type": "boolean"},
 })
 
 #: The whole document. "extra" appears only with beam search (num_beams > 1).

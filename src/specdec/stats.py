@@ -163,6 +163,13 @@ class GenerationStats(RoundTally):
             lines.append(f"adaptive gamma: alpha {sch['alpha']:.3f}, c {sch['c']:.3f} per drafted token, f "
                          f"{sch.get('f') or 0.0:.3f} per round, verification cost s {sch['s']:.3f} per extra token, "
                          f"last gamma {sch['gamma']}, plain steps {sch['plain_steps']}: {verdict}")
+        if self.constraint:
+            c = self.constraint
+            forced = (f", forced tokens proposed {c['forced_proposed']}, accepted {c['forced_accepted']}"
+                      if "forced_proposed" in c else "")
+            state = "complete" if c["complete"] else "NOT complete (the generation ended first: raise max_new_tokens)"
+            lines.append(f"constraint ({c['kind']}): {state}; {c['masks']} masks in {c['mask_seconds'] * 1e3:.1f} ms"
+                         + forced)
         if not self.exact:
             lines.append("NOT EXACT: " + (self.not_exact_reason or "lenience < 1, the output does not follow the "
                                           "target's distribution"))

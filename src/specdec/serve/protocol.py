@@ -2,7 +2,9 @@
 
 Honoured fields: ``model``, ``prompt`` (completions: a string, one-string list or token ids) or
 ``messages`` (chat: the model's chat template), ``max_tokens`` (chat also ``max_completion_tokens``),
-``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream``, ``stream_options.include_usage``.
+``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream``, ``stream_options.include_usage``,
+``response_format`` (``json_object`` and ``json_schema``: structured output, exact under speculation; an
+output cut by ``max_tokens`` has ``finish_reason`` "length" and ``specdec.constraint.complete`` false).
 Extra fields: ``top_k``, ``gamma`` (draft tokens per target call, constant), ``gamma_schedule`` (one of
 :data:`specdec.schedules.SCHEDULES`; with it, ``gamma`` is where the schedule starts), ``draft`` (``"none"`` for
 plain decoding, or a parameter-free drafter name), ``timeout`` (seconds, at most the server's).
@@ -202,6 +204,28 @@ def _draft(body: dict, served: Served) -> tuple[Any, str, str | None]:
     raise APIError(400, f"'draft' must be one of {allowed}; got {name!r}", param="draft")
 
 
+def _response_format(body: dict) -> dict[str, Any]:
+    """OpenAI's ``response_format``: {"type": "text"} (nothing), {"type": "json_object"} (any JSON object), or
+    {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (JSON satisfying ``schema``; the output
+    always satisfies it, so ``strict`` changes nothing). Returns the generation's constraint options."""
+    value = body.get("response_format")
+    if value is None:
+        return {}
+    shape = ('{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": ..., '
+             '"schema": {...}}}')
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError(400, f"'response_format' must be {shape}; got {json.dumps(value)[:120]}", param="response_format")
+    if value["type"] == "text":
+        return {}
+    if value["type"] == "json_object":
+        return {"json_schema": {"type": "object"}}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise APIError(400, f"'response_format.json_schema' must be an object with a 'schema' object: {shape}",
+                       param="response_format")
+    return {"json_schema": spec.get("schema", {})}
+
+
 def _config(options: dict[str, Any]) -> GenerationConfig:
     try:
         return GenerationConfig.from_options(**options)
@@ -209,8 +233,10 @@ def _config(options: dict[str, Any]) -> GenerationConfig:
         message = str(err)
         field = message.split(" ", 1)[0]
         param = {"max_new_tokens": "max_tokens", "max_gamma": "gamma"}.get(field, field)
+        if "json_schema" in options and ("JSON schema" in message or "constraint" in message):
+            param = "response_format"
         raise APIError(400, message.replace("max_new_tokens", "max_tokens"),
-                       param=param if param in options or param == "max_tokens" else None) from None
+                       param=param if param in options or param in ("max_tokens", "response_format") else None) from None
 
 
 def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> GenerationRequest:
@@ -259,7 +285,7 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
         gamma, schedule = default_gamma, schedule or default_schedule
     else:  # a schedule alone starts where the draft's defaults start
         gamma = default_gamma
-    config = _config({**served.options, **fields, "gamma": gamma, "gamma_schedule": schedule})
+    config = _config({**served.options, **fields, **_response_format(body), "gamma": gamma, "gamma_schedule": schedule})
     return GenerationRequest(
         chat=chat, prompt_ids=prompt_ids, config=config, draft=draft, draft_label=label, stream=stream,
         include_usage=bool(options.get("include_usage")), timeout=min(timeout or served.timeout, served.timeout),
@@ -287,7 +313,7 @@ def theorem8(stats: Any) -> dict[str, float] | None:
 
 
 def finish_reason(stop_reason: str) -> str:
-    return "stop" if stop_reason in ("eos", "stop") else "length"
+    return "stop" if stop_reason in ("eos", "stop", "constraint") else "length"
 
 
 class Reply:
