@@ -77,7 +77,7 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys
 
     # int8 on CPU, drafted for by prompt lookup; unquantized on CUDA (dynamic int8 is CPU-only); an explicit
     # choice wins everywhere
-    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8@65536<-prompt-lookup"
+    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
     assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"  # the batch engine drafts with one model
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"

@@ -303,3 +303,14 @@ def test_constrained_batch_rows_equal_their_generation_alone(target, draft, draf
             jsonschema.validate(json.loads(out.text), json.loads(config.json_schema))
     if draft_kind == "prompt-lookup":  # the grammar's forced tokens drafted for the rows
         assert outs[0].stats.constraint["forced_accepted"] > 0
+
+
+def test_the_static_engine_under_a_constraint_equals_the_dynamic_one(target, draft):
+    """The static, position-indexed engine (the CUDA default; here on CPU) masks the same logits: same tokens."""
+    static = specdec.load(target.hf_model, tokenizer=target.tokenizer, name="tiny-chars-static", engine="static")
+    static_draft = specdec.load(draft.hf_model, tokenizer=draft.tokenizer, name="tiny-chars-draft-static",
+                                engine="static")
+    for schema in (PERSON, NESTED):
+        ref = specdec.generate(target, "x=", draft=draft, json_schema=schema, max_new_tokens=120)
+        out = specdec.generate(static, "x=", draft=static_draft, json_schema=schema, max_new_tokens=120)
+        assert out.token_ids == ref.token_ids

@@ -22,7 +22,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
                         ":int8 or :int8-tensor, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
                         "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
-                        "decoding (default: qwen2.5-coder-0.5b:int8@65536<-prompt-lookup on CPU, qwen2.5-coder-0.5b on CUDA)")
+                        "decoding (default: qwen2.5-coder-0.5b:int8<-prompt-lookup on CPU, qwen2.5-coder-0.5b on CUDA)")
     p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
     p.add_argument("--draft-quantize", default=None, metavar="METHOD",
                    help="int8 or int8-tensor for every model level of --draft that names no quantization of its own "

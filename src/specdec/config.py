@@ -30,9 +30,9 @@ DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
 DEFAULT_TARGET_QUANTIZE_CPU = "int8"
 # On CPU the default draft model is drafted for in turn by prompt lookup (free): a hierarchy (docs/cpu_default.md).
 DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
-# ... and drafts from its vocabulary's first 65,536 ids (specdec.models.draft_head: a head 43% the size, exact; 99.0%
-# of the target's HumanEval tokens are among them; 1.06x the full head's speed on the AMX Xeon, docs/cpu_default.md)
-DEFAULT_DRAFT_VOCABULARY_CPU = 65536
+# ... with its whole head: cutting it to the first 65,536 ids (specdec.models.draft_head, '@65536' in a spec; exact)
+# ran 0.97x the full head's speed on a quiet AMX Xeon (alpha 0.926 against 0.947), docs/cpu_default.md. None: whole.
+DEFAULT_DRAFT_VOCABULARY_CPU: int | None = None
 DEFAULT_GAMMA = 4
 # One int8 model draft: start at this gamma (Theorem 8 on the packaged pair's measured alpha and c; README,
 # "Benchmark") and adapt from there (specdec.schedules.AdaptiveSchedule), unless gamma is given.
@@ -43,8 +43,8 @@ MAX_GAMMA_FLOOR = 12
 
 
 def default_draft(device: Any = None, batched: bool = False) -> str:
-    """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int8, drafting from its
-    first 65,536 ids, with prompt lookup drafting for it (``qwen2.5-coder-0.5b:int8@65536<-prompt-lookup``).
+    """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int8, with prompt lookup
+    drafting for it (``qwen2.5-coder-0.5b:int8<-prompt-lookup``).
     ``batched``: for the batch engine (``specdec serve --max-batch N``), which drafts with one model: the int8
     0.5B alone on CPU."""
     from specdec.devices import resolve_device
@@ -52,7 +52,8 @@ def default_draft(device: Any = None, batched: bool = False) -> str:
     if resolve_device(device).type != "cpu":
         return DEFAULT_DRAFT
     model = f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}"
-    return model if batched else f"{model}@{DEFAULT_DRAFT_VOCABULARY_CPU}<-{DEFAULT_DRAFT_INNER_CPU}"
+    head = f"@{DEFAULT_DRAFT_VOCABULARY_CPU}" if DEFAULT_DRAFT_VOCABULARY_CPU else ""
+    return model if batched else f"{model}{head}<-{DEFAULT_DRAFT_INNER_CPU}"
 
 
 def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:

@@ -86,7 +86,8 @@ class Constraint:
 
     vocab_size: V, the width of the logits the masks apply to (a padded embedding table's extra ids are never
     allowed). length: how long the committed sequence is (a drafter proposing after a sequence of length m
-    works at depth m - length: :meth:`depth_of`). Statistics: ``mask_seconds`` / ``masks`` (host time computing allowed sets, and how many).
+    works at depth m - length: :meth:`depth_of`). Statistics: ``mask_seconds`` and ``masks`` (host time computing
+    allowed sets, and how many).
     """
 
     def __init__(self, grammar: Grammar, model: Any, length: int = 0, device: torch.device | str = "cpu"):
@@ -95,7 +96,6 @@ class Constraint:
         self.grammar = grammar
         self.vocab_size = int(model.vocab_size)
         self.device = torch.device(device)
-        self.name = model.name
         self._tokenizer = ll_tokenizer(model)
         self.matcher = ll.LLMatcher(self._tokenizer, grammar.compiled, log_level=0)
         self._history: list[int] = []  # the committed tokens the matcher was fed (to rebuild it after a dead end)
