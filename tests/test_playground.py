@@ -167,3 +167,29 @@ def test_the_api_key(browser, tmp_path_factory):
         page.wait_for_function("document.body.dataset.state === 'done'", timeout=WAIT_MS)
         assert len(page.text_content("#output").split()) >= 6
         page.close()
+
+
+def test_a_json_schema_from_the_page_gives_json_that_satisfies_it(browser, tmp_path_factory):
+    """The schema box sends response_format: the output parses and satisfies the schema, and is what
+    specdec.generate gives under the same schema; a box that is not JSON says so before any request."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 1,
+                                                                                "maximum": 9}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    with tiny_server(tmp_path_factory.mktemp("schema"), draft_noise=0.3, chars=True) as server:
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        page.wait_for_function("document.body.dataset.state === 'ready'", timeout=WAIT_MS)
+        _settings(page, prompt="state:", schema="{not json", **{"max-tokens": 40})
+        page.click("#generate")
+        page.wait_for_function("document.body.dataset.state === 'error'", timeout=WAIT_MS)
+        assert page.text_content("#error").startswith("the JSON schema box does not hold valid JSON")
+        _settings(page, schema=json.dumps(schema))
+        page.click("#generate")
+        page.wait_for_function("document.body.dataset.state === 'done'", timeout=WAIT_MS)
+        text = "".join(piece for kind, piece in _segments(page) if kind != "rejected")
+        jsonschema.validate(json.loads(text), schema)
+        ref = specdec.generate(specdec.load(server.model, dtype="fp32"), "state:", json_schema=schema, max_new_tokens=40)
+        assert text == ref.text
+        page.close()

@@ -76,6 +76,16 @@ function requestBody(draft) {
                     max_tokens: field("max-tokens", true), seed: field("seed", true), gamma: field("gamma", true) };
   for (const [name, value] of Object.entries(options)) if (value !== undefined) body[name] = value;
   if ($("schedule").value) body.gamma_schedule = $("schedule").value;
+  const schema = $("schema").value.trim();
+  if (schema) {  // structured output: OpenAI's response_format, exact under speculation
+    let parsed;
+    try {
+      parsed = JSON.parse(schema);
+    } catch (err) {
+      throw new Error(`the JSON schema box does not hold valid JSON (${err.message}); fix it or empty it`);
+    }
+    body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: parsed } };
+  }
   const prompt = $("prompt").value;
   if ($("chat").checked) body.messages = [{ role: "user", content: prompt }];
   else body.prompt = prompt;
