@@ -538,3 +538,8 @@ def test_structured_output_from_the_command_line(capsys, tmp_path):
                          "--json-schema", str(path), "--max-new-tokens", "3", "--color", "never")
     assert code == 0 and "constraint (json_schema): NOT complete" in out
     assert "the output ends before the JSON schema is complete (stopped: max_new_tokens)" in err
+    binary = tmp_path / "schema.bin"
+    binary.write_bytes(b"\xff\xfe{")
+    code, out, err = run(capsys, "generate", "go", "--target", folder, "--json-schema", str(binary))
+    assert code == 2 and "cannot read the JSON schema file" in err and "not UTF-8 text" in err
+    assert "Traceback" not in err

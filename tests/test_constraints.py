@@ -125,7 +125,7 @@ def test_a_constraint_that_cannot_finish_in_time_ends_at_the_length_and_says_so(
 # -- T = 1: the masked target law -----------------------------------------------------------------------------------
 PROMPT = "q"
 CELLS = "abcd"
-N_RUNS = 1500
+N_RUNS = 1000
 
 
 def _masked_joint(target):
@@ -251,6 +251,8 @@ def test_rollback_after_a_rejected_draft_leaves_the_matcher_where_plain_decoding
     (dict(regex="a", json_schema={}), "give one constraint, not json_schema and regex"),
     (dict(regex=""), "regex must be a non-empty string"),
     (dict(json_schema={}, num_beams=2), "beam search .* does not support a constraint"),
+    (dict(regex=["a+"]), "regex must be a string, got list"),
+    (dict(grammar=3), "grammar must be a string, got int"),
 ])
 def test_an_invalid_constraint_is_a_clear_error_before_any_model_runs(options, message):
     with pytest.raises(SpecDecError, match=message):
@@ -314,3 +316,36 @@ def test_the_static_engine_under_a_constraint_equals_the_dynamic_one(target, dra
         ref = specdec.generate(target, "x=", draft=draft, json_schema=schema, max_new_tokens=120)
         out = specdec.generate(static, "x=", draft=static_draft, json_schema=schema, max_new_tokens=120)
         assert out.token_ids == ref.token_ids
+
+
+def test_a_stop_string_inside_the_constrained_output_leaves_it_incomplete(target):
+    out = specdec.generate(target, "x=", json_schema=PERSON, stop=['"age'], max_new_tokens=200)
+    assert out.stats.stop_reason == "stop" and '"age' not in out.text
+    assert out.stats.constraint["complete"] is False
+
+
+def test_a_complete_grammar_without_an_end_token_ends_the_generation_and_keeps_the_origins_aligned():
+    """A model without EOS: once the regex is matched nothing may follow, the target's token is refused and the
+    generation ends ('constraint'); each round's tokens and their origins stay the same length."""
+    model = load_tiny_chars(sharp=3.0, eos=None)
+    events = []
+    out = specdec.generate(model, "id:", draft="grammar", regex="[a-c]{4}", max_new_tokens=20, on_round=events.append)
+    assert out.stats.stop_reason == "constraint" and len(out.token_ids) == 4 and out.stats.constraint["complete"]
+    assert all(len(e.tokens) == len(e.from_draft) for e in events)
+    assert sum(len(e.tokens) for e in events) == 4
+
+
+def test_a_failed_start_gives_the_caches_back(target):
+    static = specdec.load(target.hf_model, tokenizer=target.tokenizer, name="tiny-chars-pool", engine="static")
+    with pytest.raises(SpecDecError, match="cannot be expressed"):
+        specdec.generate(static, "x", regex="é+")
+    assert static._caches and not any(in_use for _, in_use in static._caches)
+
+
+def test_a_batch_row_with_the_grammar_draft_and_no_constraint_is_refused_before_it_joins(target):
+    from specdec.batching import BatchEngine
+
+    engine = BatchEngine(target, None, max_batch=2)
+    with pytest.raises(SpecDecError, match="the 'grammar' draft proposes the tokens a constraint forces"):
+        engine.add(target.encode("x"), specdec.GenerationConfig(max_new_tokens=3), draft="grammar")
+    assert not engine.busy

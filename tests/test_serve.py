@@ -344,6 +344,8 @@ BAD = [  # (path, body, status, the error's param, words of its message)
                               "response_format": {"type": "json_schema",
                                                   "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
      400, "response_format", "the JSON schema is invalid"),
+    ("/v1/completions", {"model": M, "prompt": "w1", "draft": "grammar"},
+     400, "draft", "'draft': \"grammar\" proposes the tokens a constraint forces"),
     ("/v1/nowhere", {}, 404, None, 'Not Found'),
 ]
 

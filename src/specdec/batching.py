@@ -47,7 +47,7 @@ from specdec.config import GenerationConfig
 from specdec.constraints import Constraint
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters.base import Draft, DraftContext
-from specdec.drafters.forced import with_forced
+from specdec.drafters.forced import ForcedDrafter, with_forced
 from specdec.drafters.plan import DRAFTER_NAMES, plan_draft
 from specdec.errors import SpecDecError
 from specdec.models import load
@@ -127,6 +127,9 @@ class BatchEngine:
                 raise SpecDecError(f"a row of a batch drafts with the engine's draft model or one parameter-free "
                                    f"drafter ({', '.join(DRAFTER_NAMES)}), got {draft!r}")
             draft = DRAFTER_NAMES[draft]()
+        if isinstance(draft, ForcedDrafter) and config.constraint is None:
+            raise SpecDecError("the 'grammar' draft proposes the tokens a constraint forces: give the row json_schema=, "
+                               "regex= or grammar= (the server: response_format), or another draft")
         if draft not in (MODEL, None) and config.constraint is not None and config.forced_drafts:
             draft = with_forced(draft)  # the grammar's forced tokens first (a model-drafted row: not yet)
         if draft == MODEL:
@@ -277,7 +280,7 @@ class BatchEngine:
                 if row.constraint is not None:
                     row.constraint.commit()
                     check_dead_end(row, new)
-                added = append_tokens(row, new, [True] * n + [False])
+                added = append_tokens(row, new, ([True] * n + [False])[: len(new)])
                 if row.constraint is not None and not row.stats.stop_reason and (refused or row.constraint.finished):
                     row.stats.stop_reason = "constraint"
                 if row.on_round is not None:

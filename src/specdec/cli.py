@@ -64,8 +64,9 @@ def constraint_options(args: argparse.Namespace) -> dict[str, str]:
         if path is not None:
             try:
                 out[key] = pathlib.Path(path).read_text(encoding="utf-8")
-            except OSError as e:
-                raise SpecDecError(f"cannot read the {what} file {path!r}: {e.strerror or e}; give the path of a "
+            except (OSError, UnicodeDecodeError) as e:
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else "it is not UTF-8 text"
+                raise SpecDecError(f"cannot read the {what} file {path!r}: {reason}; give the path of a "
                                    f"file that holds the {what}") from None
     return out
 

@@ -189,6 +189,10 @@ class GenerationConfig:
                 f"unknown beam mode {self.beam_mode!r}: beam_mode must be 'exact' or 'report' ('exact': paper "
                 "Appendix A.4, identical to plain beam search; 'report': the report's Algorithm 2, approximate)"
             )
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise SpecDecError(f"{name} must be a string, got {type(value).__name__}: {str(value)[:60]!r}")
         if self.json_schema is not None:
             from specdec.constraints.grammar import schema_text
 

@@ -248,6 +248,19 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
     run = _Run(target, prompt_ids, drafter, make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound), config,
                session, sequence, device_ids(sequence, len(sequence) + limit + 1, device), len(sequence), limit,
                new_generator(device, seed), target.eos_token_ids, stats, RoundClock(device), on_tokens, t_start)
+    try:
+        _start(run, wall)
+    except BaseException:
+        run.close()  # the caches go back to their pools (a grammar the tokenizer cannot express, a drafter refusing)
+        raise
+    return run
+
+
+def _start(run: _Run, wall: Stopwatch) -> None:
+    """The rest of _prepare, once the target's session is open: stop strings, the constraint, the prefill, the
+    drafter's start."""
+    target, config, sequence, device, stats = run.target, run.config, run.sequence, run.target.device, run.stats
+    prompt_ids, drafter, limit = run.prompt_ids, run.drafter, run.limit
     if config.stop:
         run.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
     if config.constraint is not None:
@@ -255,7 +268,7 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
 
         run.constraint = Constraint(config.constraint, target, len(sequence), device)
     # the whole sequence: its last position's logits give the first token (or verify the first draft)
-    run.carried = session.prefill(sequence)[None]  # [1, V]
+    run.carried = run.session.prefill(sequence)[None]  # [1, V]
     if drafter is not None:
         t0 = wall()
         source = prompt_ids if target.is_encoder_decoder else ()
@@ -263,7 +276,6 @@ def _prepare(target: LanguageModel, drafter: Any, prompt_ids: list[int], config:
         drafter.start(DraftContext(prompt_ids, config.sampling, run.generator, target.vocab_size, frozenset(run.eos),
                                    source, stop_below, device, len(sequence) + limit + 1, run.ids, run.constraint))
         stats.time_draft += wall() - t0
-    return run
 
 
 def device_ids(sequence: list[int], positions: int, device: torch.device) -> torch.Tensor:
@@ -298,7 +310,7 @@ def _round(run: _Run) -> None:
     if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))
-    added = append_tokens(run, r.new, [True] * r.n + [False])
+    added = append_tokens(run, r.new, ([True] * r.n + [False])[: len(r.new)])  # (a refused token was cut)
     if run.constraint is not None and not run.stats.stop_reason and (r.refused or run.constraint.finished):
         run.stats.stop_reason = "constraint"  # the grammar is complete and allows no end-of-sequence token
     if run.on_round is not None:
@@ -363,6 +375,8 @@ def finish_output(run: _Run) -> GenerationOutput:
                                   "token-identical to its own plain decoding")
     if run.constraint is not None:
         stats.constraint = {**run.constraint.report(), **(drafter.report() if isinstance(drafter, ForcedDrafter) else {})}
+        if run.stop_text is not None:  # a stop string cut the text inside the constrained output: not a whole match
+            stats.constraint["complete"] = False
     if drafter is not None:
         report = drafter.stats()
         stats.time_convert += report.time_convert

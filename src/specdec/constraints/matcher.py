@@ -104,6 +104,8 @@ class Constraint:
             raise SpecDecError(f"{grammar.label} cannot be used with {model.name}'s tokenizer: "
                                f"{self.matcher.get_error()}")
         self.eos = frozenset(model.eos_token_ids)
+        # llguidance's end tokens that are not the model's (a model without one: the tokenizer's) are never allowed
+        self._not_ends = sorted(set(self._tokenizer.eos_tokens) - self.eos)
         self.pushed: list[int] = []  # drafted tokens beyond the committed sequence
         # An end-of-sequence token is checked against the mask but never fed to the matcher (nothing follows it,
         # and a stopped matcher does not roll back token for token): the matcher holds the others only.
@@ -130,6 +132,10 @@ class Constraint:
         """The bitmask after everything consumed so far (the depth just reached)."""
         t0 = time.perf_counter()
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)  # [W]: bit t of word t // 32
+        if self._not_ends:
+            bits = bits.copy()
+            for t in self._not_ends:
+                bits[t >> 5] &= np.int32(~(1 << (t & 31)) if (t & 31) < 31 else 0x7FFFFFFF)
         self.mask_seconds += time.perf_counter() - t0
         self.masks += 1
         self._host.append(bits)

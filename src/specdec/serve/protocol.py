@@ -280,12 +280,16 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
                             f"{where} + {max_tokens} to generate", param="max_tokens", code="context_length_exceeded")
 
     draft, label, spec = _draft(body, served)
+    constraint = _response_format(body)
+    if draft == "grammar" and not constraint:
+        raise APIError(400, "'draft': \"grammar\" proposes the tokens a constraint forces: give a response_format "
+                            "of type json_object or json_schema, or another draft", param="draft")
     default_gamma, default_schedule = served.speculation(spec, gamma)
     if schedule is None or gamma is not None:  # a given gamma alone means a constant one (speculation_defaults)
         gamma, schedule = default_gamma, schedule or default_schedule
     else:  # a schedule alone starts where the draft's defaults start
         gamma = default_gamma
-    config = _config({**served.options, **fields, **_response_format(body), "gamma": gamma, "gamma_schedule": schedule})
+    config = _config({**served.options, **fields, **constraint, "gamma": gamma, "gamma_schedule": schedule})
     return GenerationRequest(
         chat=chat, prompt_ids=prompt_ids, config=config, draft=draft, draft_label=label, stream=stream,
         include_usage=bool(options.get("include_usage")), timeout=min(timeout or served.timeout, served.timeout),
