@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import acceptance
 from specdec import batching
 from specdec.batching import MODEL, BatchEngine
 from specdec.config import GenerationConfig
 from specdec.sampling import SamplingParams, standardize
 from stats_util import chi_square_pvalue
+from test_block_verification import plant_ratio_without_q
 from test_distribution import PROMPT, V, exact_joint
 from test_lenience import lenient_output_distribution
 from tiny import load_tiny, perturbed
@@ -70,25 +70,12 @@ def q_misaligned(monkeypatch):
     monkeypatch.setattr(batching, "verify", buggy)
 
 
-def ratio_without_q(monkeypatch):
-    """The planted bug for block verification: q(x_i) taken as 1 in the running ratio."""
-    real = acceptance.block_acceptance
-
-    def buggy(p, q, draft_tokens, eta):
-        rows = torch.arange(draft_tokens.shape[0])
-        q_bug = q.clone()
-        q_bug[rows, draft_tokens] = 1.0
-        return real(p, q_bug, draft_tokens, eta)
-
-    monkeypatch.setattr(acceptance, "block_acceptance", buggy)
-
-
 @pytest.mark.parametrize("options", [SAMPLED, BLOCK], ids=["token", "block"])
 def test_batched_rows_follow_the_target_law(pair, options):
     assert joint_pvalue(pair, options) > 1e-3
 
 
-@pytest.mark.parametrize("options, plant", [(SAMPLED, q_misaligned), (BLOCK, ratio_without_q)], ids=["token", "block"])
+@pytest.mark.parametrize("options, plant", [(SAMPLED, q_misaligned), (BLOCK, plant_ratio_without_q)], ids=["token", "block"])
 def test_a_planted_bug_in_the_batched_path_is_caught(pair, options, plant, monkeypatch):
     plant(monkeypatch)
     assert joint_pvalue(pair, options) < 1e-3

@@ -37,8 +37,8 @@ def test_block_verification_keeps_the_targets_distribution(pair):
     assert block_law_pvalue(pair) > 1e-3
 
 
-def test_a_planted_bug_fails_the_distribution_test(pair, monkeypatch):
-    """The draft probabilities taken as 1 inside the running ratio (p_i = min(1, p_{i-1} p(x_i)))."""
+def plant_ratio_without_q(monkeypatch):
+    """The planted bug: the draft probabilities taken as 1 inside the running ratio (p_i = min(1, p_{i-1} p(x_i)))."""
     real = acceptance.block_acceptance
 
     def buggy(p, q, draft_tokens, eta):
@@ -48,6 +48,10 @@ def test_a_planted_bug_fails_the_distribution_test(pair, monkeypatch):
         return real(p, q_bug, draft_tokens, eta)
 
     monkeypatch.setattr(acceptance, "block_acceptance", buggy)
+
+
+def test_a_planted_bug_fails_the_distribution_test(pair, monkeypatch):
+    plant_ratio_without_q(monkeypatch)
     assert block_law_pvalue(pair) < 1e-3
 
 

@@ -280,7 +280,7 @@ class BatchEngine:
                 if row.constraint is not None:
                     row.constraint.commit()
                     check_dead_end(row, new)
-                added = append_tokens(row, new, ([True] * n + [False])[: len(new)])
+                added = append_tokens(row, new, [True] * n + [False])
                 if row.constraint is not None and not row.stats.stop_reason and (refused or row.constraint.finished):
                     row.stats.stop_reason = "constraint"
                 if row.on_round is not None:

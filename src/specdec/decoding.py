@@ -310,7 +310,7 @@ def _round(run: _Run) -> None:
     if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))
-    added = append_tokens(run, r.new, ([True] * r.n + [False])[: len(r.new)])  # (a refused token was cut)
+    added = append_tokens(run, r.new, [True] * r.n + [False])
     if run.constraint is not None and not run.stats.stop_reason and (r.refused or run.constraint.finished):
         run.stats.stop_reason = "constraint"  # the grammar is complete and allows no end-of-sequence token
     if run.on_round is not None:
@@ -321,6 +321,7 @@ def append_tokens(run: _Run, new: list[int], origins: list[bool]) -> list[int]:
     """Add a round's tokens to the sequence, cut at EOS or a stop string, stream them, decide the end.
     Returns the tokens added. The one rule for a sequence's end: the batch engine's rows use it too."""
     config, sequence = run.config, run.sequence
+    origins = origins[: len(new)]  # a round whose target token the grammar refused brings one token fewer
     done = ""
     for j, tok in enumerate(new):
         if tok in run.eos:
