@@ -80,3 +80,34 @@ def test_the_import_walk_sees_lazy_and_type_checking_imports(tmp_path, monkeypat
     monkeypatch.setitem(globals(), "SRC", tmp_path)
     edges = import_edges()
     assert edges["pkg.a"] == {"pkg.b"} and edges["pkg.b"] == {"pkg.a"} and edges["pkg.c"] == {"pkg.a"}
+
+
+def _architecture_tree() -> set[str]:
+    """The files docs/architecture.md's tree lists, as paths under src/specdec/ (a folder's entries are
+    indented under it)."""
+    text = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("```")[1].splitlines()
+    listed, folders = set(), {}  # indent -> folder path
+    top = [i for i, line in enumerate(block) if line.strip() and not line[0].isspace()]  # src/specdec/, tests/, ...
+    for line in block[top[0] + 1: top[1]]:
+        entry = line.split()[0] if line.strip() else ""
+        indent = len(line) - len(line.lstrip())
+        if not entry or not (entry.endswith("/") or entry.endswith(".py")):
+            continue
+        parent = next((folders[i] for i in sorted(folders, reverse=True) if i < indent), "")
+        folders = {i: f for i, f in folders.items() if i < indent}
+        if entry.endswith("/"):
+            folders[indent] = parent + entry
+        else:
+            listed.add(parent + entry)
+    return listed
+
+
+def test_the_architecture_page_lists_every_module():
+    """docs/architecture.md, one line per file, is how a newcomer finds their way: a module added, moved or
+    removed without it fails here."""
+    package = SRC / "specdec"
+    files = {str(p.relative_to(package)) for p in package.rglob("*.py") if "data" not in p.relative_to(package).parts}
+    listed = _architecture_tree()
+    assert sorted(files - listed) == [], "add these to docs/architecture.md's tree"
+    assert sorted(listed - files) == [], "docs/architecture.md lists files that are not there"

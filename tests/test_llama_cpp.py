@@ -27,12 +27,12 @@ def test_without_llama_cpp_python_the_error_says_how_to_install_it(monkeypatch):
 
 def test_a_llama_cpp_model_is_refused_as_the_target(capsys):
     from specdec.decoding import check_target
+    from specdec.models.llama_cpp import LlamaCppModel
 
-    class Stand:  # what a loaded llama.cpp model says of itself
-        quantization, name = "llama-cpp", "qwen2.5-coder-0.5b+llama-cpp"
-
+    loaded = LlamaCppModel.__new__(LlamaCppModel)  # a llama.cpp model as its type declares it (no GGUF read)
+    loaded.name = "qwen2.5-coder-0.5b+llama-cpp"
     with pytest.raises(specdec.SpecDecError, match="runs in llama.cpp, which specdec uses for drafts only"):
-        check_target(Stand())
+        check_target(loaded)
     from specdec.cli import main
 
     assert main(["generate", "x", "--quantize", "llama-cpp", "--max-new-tokens", "1"]) == 2

@@ -41,24 +41,24 @@ import torch
 
 from specdec.acceptance import Verification, read_batch, verify
 from specdec.batch_drafting import propose_model
-from specdec.batch_gamma import BatchGamma, RowAlpha
 from specdec.batch_row import MODEL, BatchRow, ModelRowDrafter
 from specdec.config import GenerationConfig
 from specdec.constraints import Constraint
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters.base import Draft, DraftContext
 from specdec.drafters.forced import ForcedDrafter, with_forced
-from specdec.drafters.plan import DRAFTER_NAMES, plan_draft
+from specdec.drafters.plan import DRAFTER_NAMES, DraftKind, plan_draft
 from specdec.errors import SpecDecError
 from specdec.models import load
 from specdec.models.batch_session import BatchSession
 from specdec.models.causal import new_token_limit
 from specdec.rounds import Round, check_dead_end, with_carried
-from specdec.schedules import StepFeedback, make_schedule
+from specdec.run_state import RoundEvent, append_tokens, finish_output
+from specdec.schedules import BatchGamma, RowAlpha, StepFeedback, make_schedule
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
 
-__all__ = ["MODEL", "BatchRow", "BatchGamma", "BatchEngine", "batch_engine", "generate_batch"]
+__all__ = ["MODEL", "BatchRow", "BatchGamma", "BatchEngine", "batch_drafting", "batch_engine", "generate_batch"]
 
 PAD = 64  # positions every cache row holds past max_positions: the widest padded pass (a batch's widest row)
 DEFAULT_POSITIONS = 4096  # max_positions when neither the caller nor the target's context says
@@ -122,8 +122,7 @@ class BatchEngine:
             draft = None
         drafter = None
         if isinstance(draft, str) and draft != MODEL:
-            plan = plan_draft(draft)
-            if plan.model_names or len(plan.levels) != 1:
+            if plan_draft(draft).kind is not DraftKind.DRAFTER:
                 raise SpecDecError(f"a row of a batch drafts with the engine's draft model or one parameter-free "
                                    f"drafter ({', '.join(DRAFTER_NAMES)}), got {draft!r}")
             draft = DRAFTER_NAMES[draft]()
@@ -140,15 +139,15 @@ class BatchEngine:
         device = target.device
         from specdec.decoding import device_ids
 
-        schedule = (RowAlpha(self.gamma_policy, self.gamma_policy.alpha0) if config.gamma_schedule == "adaptive"
+        schedule = (RowAlpha(self.gamma_policy) if config.gamma_schedule == "adaptive"
                     else make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound))
-        row = BatchRow(target, prompt_ids, config, draft, drafter, schedule, list(prompt_ids),
-                       device_ids(prompt_ids, len(prompt_ids) + limit + 1, device), len(prompt_ids), limit,
-                       new_generator(device, seed), target.eos_token_ids, GenerationStats(prompt_tokens=len(prompt_ids),
-                                                                                          seed=seed),
-                       on_tokens, on_round, Stopwatch(device)())
+        row = BatchRow(target=target, prompt_ids=prompt_ids, config=config, draft=draft, drafter=drafter,
+                       schedule=schedule, sequence=list(prompt_ids), ids=device_ids(prompt_ids, len(prompt_ids) + limit + 1, device),
+                       start_len=len(prompt_ids), limit=limit, generator=new_generator(device, seed), eos=target.eos_token_ids,
+                       stats=GenerationStats(prompt_tokens=len(prompt_ids), seed=seed), on_tokens=on_tokens,
+                       on_round=on_round, t_start=Stopwatch(device)())
         if config.stop:
-            row.stop_scan = StopScan(target.decode, config.stop, getattr(target, "piece_bytes", None))
+            row.stop_scan = StopScan(target.decode, config.stop, target.piece_bytes)
         if config.constraint is not None:
             row.constraint = Constraint(config.constraint, target, len(prompt_ids), device)
         self.waiting.append(row)
@@ -256,7 +255,6 @@ class BatchEngine:
             self.passes.append((len(rows), width))
             self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts), time_draft)
         done = []
-        from specdec.decoding import RoundEvent, append_tokens
 
         for i, row in enumerate(rows):
             new, n, betas, drafted_ids = read[i]
@@ -291,7 +289,6 @@ class BatchEngine:
                 done.append(row)
         for row in done:
             if row.error is None:
-                from specdec.decoding import finish_output
 
                 row.output = finish_output(row)
         self._drop(done)
@@ -308,31 +305,43 @@ class BatchEngine:
             self.step()
 
 
+def batch_drafting(target: Any, draft: Any) -> tuple[Any, Any]:
+    """What the rows of a batch for ``target`` draft with, from any ``draft=`` (a specification, a plan, a
+    loaded model, a drafter; the library's and ``specdec serve``'s): (the engine's draft model or None, each
+    row's ``draft=`` for :meth:`BatchEngine.add`: MODEL, a parameter-free drafter's name, or None)."""
+    plan = plan_draft(draft)
+    kind = plan.kind
+    if kind is DraftKind.PLAIN:
+        return None, None
+    if kind is DraftKind.HIERARCHY:
+        raise SpecDecError("a batch drafts with one model or one parameter-free drafter; hierarchies run one "
+                           "sequence at a time (specdec.generate, or specdec serve --max-batch 1)")
+    level = plan.levels[0].name
+    if kind is DraftKind.DRAFTER:
+        if not isinstance(level, str):
+            raise SpecDecError(f"a batch gives each row a drafter of its own: name it ({', '.join(DRAFTER_NAMES)}) "
+                               f"rather than pass one object ({type(level).__name__})")
+        return None, level
+    from specdec.models import same_vocabulary
+
+    model = load(plan.load(target).levels[0].name)
+    if model.hf_model is None:
+        raise SpecDecError(f"a batch drafts with a torch model; {model.name!r} runs in llama.cpp (a llama.cpp draft "
+                           "runs one sequence at a time: specdec.generate, or specdec serve --max-batch 1)")
+    if model.is_encoder_decoder or not same_vocabulary(target, model):
+        raise SpecDecError(f"a batch drafts with a model that shares the target's tokenizer; {model.name!r} does not "
+                           "(a draft with another tokenizer runs one sequence at a time: specdec.generate, or "
+                           "specdec serve --max-batch 1)")
+    return model, MODEL
+
+
 def batch_engine(target: Any, draft: Any, configs: Sequence[GenerationConfig], max_batch: int,
                  max_positions: int | None = None) -> tuple[BatchEngine, Any]:
     """A :class:`BatchEngine` for rows with these configs, and what each row drafts with (``draft=`` of
     :meth:`BatchEngine.add`): the engine's draft model, a parameter-free drafter name, or None (plain)."""
-    plan = plan_draft(draft)
-    plan.check()
+    plan_draft(draft).check()
     target = load(target)
-    plan = plan.load(target)
-    model, row_draft = None, None
-    if not plan.plain:
-        if len(plan.levels) != 1:
-            raise SpecDecError("generate_batch drafts with one model or one parameter-free drafter; hierarchies "
-                               "run one sequence at a time (specdec.generate)")
-        level = plan.levels[0].name
-        if isinstance(level, str) and level in DRAFTER_NAMES:
-            row_draft = level
-        else:
-            from specdec.models import same_vocabulary
-
-            model = load(level)
-            if model.is_encoder_decoder or not same_vocabulary(target, model):
-                raise SpecDecError(f"generate_batch drafts with a model that shares the target's tokenizer; "
-                                   f"{model.name!r} does not (a draft with another tokenizer runs one sequence at a "
-                                   "time: specdec.generate)")
-            row_draft = MODEL
+    model, row_draft = batch_drafting(target, draft)
     engine = BatchEngine(target, model, max_batch, max_positions, gamma=max(c.gamma for c in configs),
                          max_gamma=max(c.gamma_bound for c in configs))
     return engine, row_draft

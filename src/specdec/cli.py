@@ -134,11 +134,12 @@ def _peak_rss_gib() -> float:
 
 def _print_load(target, draft, load_seconds: float) -> None:
     """--verbose: load times (conversion included on a preset's first use) and peak memory after loading."""
-    parts = [f"target {target.name} ({str(target.dtype).replace('torch.', '')}) {getattr(target, 'load_seconds', 0.0):.1f} s"]
+    from specdec.models import Model
+
+    parts = [f"target {target.name} ({str(target.dtype).replace('torch.', '')}) {target.load_seconds or 0.0:.1f} s"]
     for d in draft if isinstance(draft, list) else [draft]:
-        seconds = getattr(d, "load_seconds", None)
-        if seconds is not None:
-            parts.append(f"draft {d.name} {seconds:.1f} s")
+        if isinstance(d, Model) and d.load_seconds is not None:
+            parts.append(f"draft {d.name} {d.load_seconds:.1f} s")
     print(f"specdec: loaded in {load_seconds:.1f} s: {', '.join(parts)}; peak memory {_peak_rss_gib():.2f} GiB "
           "(peak resident set size)", file=sys.stderr)
 

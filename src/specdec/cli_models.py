@@ -71,7 +71,7 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     import specdec
     from specdec.devices import resolve_device
     from specdec.drafters import plan_draft
-    from specdec.models import load_dtype
+    from specdec.models import Model, load_dtype
     from specdec.models.quantize import wait_packed
 
     quantize = target_quantization(args)
@@ -80,7 +80,7 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     target = specdec.load(args.target, dtype=args.dtype, quantize=quantize, device=args.device,
                           compile=bool(args.compile), tokenizer=target_tokenizer)
     for level in draft if isinstance(draft, list) else [draft]:
-        if hasattr(level, "hf_model"):
+        if isinstance(level, Model) and level.hf_model is not None:
             wait_packed(level.hf_model)
     return target, draft
 

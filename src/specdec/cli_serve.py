@@ -69,16 +69,11 @@ def batch_engine(target: Any, draft: Any, max_batch: int, max_positions: int, ga
                  gamma_schedule: str | None, max_gamma: int | None) -> Any:
     """The BatchEngine of ``specdec serve --max-batch N``: the served draft model drafts for every row that
     uses it (a parameter-free served draft is each row's own)."""
-    from specdec.batching import BatchEngine
+    from specdec.batching import BatchEngine, batch_drafting
     from specdec.config import GenerationConfig
-    from specdec.errors import SpecDecError
-    from specdec.models import LanguageModel, same_vocabulary
 
-    if isinstance(draft, list) or (isinstance(draft, LanguageModel) and not same_vocabulary(target, draft)):
-        raise SpecDecError("--max-batch > 1 drafts with one model that shares the target's tokenizer (or a "
-                           "parameter-free draft); serve hierarchies and drafts with another tokenizer with --max-batch 1")
+    model, _ = batch_drafting(target, draft)  # the one decision of what a batch's rows draft with
     config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
-    model = draft if isinstance(draft, LanguageModel) else None
     return BatchEngine(target, model, max_batch, max_positions, gamma=config.gamma, max_gamma=config.gamma_bound)
 
 

@@ -12,13 +12,18 @@ output distribution exact.
   Theorem 8, and drafts nothing (plain steps, with a probe now and then) where no gamma pays.
 - ``confidence``: drafts up to max_gamma tokens but the draft stops as soon as its own top
   probability falls below a threshold (decided inside the drafter, see ``Drafter.stop_below``).
+
+The batch engine's ``adaptive`` is :class:`BatchGamma` (one gamma for a batch's adaptive rows, from the
+batch's costs), made of the same parts as :class:`AdaptiveSchedule`: :class:`AlphaEstimate` per sequence,
+:class:`DecayedTimes` for the measured costs, :class:`PlainProbe` when no gamma pays, and the same constants.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from specdec.analysis import optimal_gamma, speculation_pays
+from specdec.analysis import expected_tokens, optimal_gamma, speculation_pays
 
 SCHEDULES = ("constant", "heuristic", "adaptive", "confidence")
 HEURISTIC_GROW = 2  # heuristic: gamma + 2 after a step whose drafted tokens were all accepted ...
@@ -40,6 +45,69 @@ class StepFeedback:
     time_draft: float  # seconds spent drafting this step
     time_target: float  # seconds of the target's verification pass
     target_tokens: int = 0  # tokens that pass computed: drafted + 1, more when it also caught up the prompt
+
+
+class AlphaEstimate:
+    """alpha from observed betas: their decayed sum over the decayed count of the positions they verified,
+    starting from ``alpha0`` with the weight of ``ADAPTIVE_PRIOR_POSITIONS`` positions.
+
+    A step's betas are one token's each up to the first rejection, so a per-token average read right after
+    a rejection, as every decision is made, would sit well below alpha and draft too little (0.85 for a
+    draft accepted 94% of the time, gamma 2 where 5 was best). The adaptive schedule's and each adaptive
+    batch row's."""
+
+    def __init__(self, alpha0: float = ADAPTIVE_ALPHA0, decay: float = ADAPTIVE_DECAY):
+        self.decay, self.value = decay, alpha0
+        self._beta_sum = alpha0 * ADAPTIVE_PRIOR_POSITIONS  # decayed sum of the betas (the prior's weight first)
+        self._positions = ADAPTIVE_PRIOR_POSITIONS  # decayed count of the positions they verified
+
+    def observe(self, betas: list[float]) -> None:
+        if betas:
+            self._beta_sum = self.decay * self._beta_sum + sum(betas)
+            self._positions = self.decay * self._positions + len(betas)
+            self.value = self._beta_sum / self._positions
+
+
+class DecayedTimes(dict):
+    """size -> exponentially averaged seconds (a draft of g tokens, a pass over k tokens), and the
+    least-squares line through them: the measured costs both gamma policies decide from."""
+
+    def __init__(self, decay: float = ADAPTIVE_DECAY):
+        super().__init__()
+        self.decay = decay
+
+    def observe(self, size: int, seconds: float) -> None:
+        self[size] = seconds if size not in self else self.decay * self[size] + (1 - self.decay) * seconds
+
+    def line(self, at: int) -> tuple[float, float] | None:
+        """(value at ``at``, slope >= 0) of the least-squares line through the points; None before two sizes."""
+        if len(self) < 2:
+            return None
+        xs = list(self)
+        ys = [self[x] for x in xs]
+        x_mean, y_mean = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys)) / sum((x - x_mean) ** 2 for x in xs)
+        slope = max(slope, 0.0)
+        return y_mean - slope * (x_mean - at), slope
+
+
+class PlainProbe:
+    """While no gamma pays: plain steps (gamma 0), and one drafted token every ``every`` of them, so that
+    alpha and the draft's cost stay up to date."""
+
+    def __init__(self, every: int = ADAPTIVE_PROBE_EVERY):
+        self.every, self._run, self.plain_steps = every, 0, 0
+
+    def next(self) -> int:
+        """The gamma of a step decided plain: 0, or 1 for a probe."""
+        self._run += 1
+        gamma = 1 if self._run % self.every == 0 else 0
+        self.plain_steps += gamma == 0
+        return gamma
+
+    def reset(self) -> None:
+        """A step that drafts (some gamma pays): the count to the next probe starts again."""
+        self._run = 0
 
 
 class GammaSchedule:
@@ -77,10 +145,7 @@ class HeuristicSchedule(GammaSchedule):
 class AdaptiveSchedule(GammaSchedule):
     """Theorem 8 on running estimates of alpha, c and the marginal verification cost s.
 
-    From every step it learns alpha (the decayed sum of the observed betas over the decayed count of the
-    positions verified: a step's betas are one token's each up to the first rejection, so a per-token
-    average read right after a rejection, as every decision is made, would sit well below alpha and draft
-    too little: 0.85 for a draft accepted 94% of the time, gamma 2 where 5 was best), the draft's time
+    From every step it learns alpha (:class:`AlphaEstimate`), the draft's time
     per round for each number of drafted tokens, and the target's time per pass for each pass size k
     (drafted + 1 tokens). A least-squares line through the mean pass times, T(k) = T1 (1 + s (k - 1)),
     gives the single-step time T1 and s; one through the draft's, D(g) = T1 (f + c g), gives c and the
@@ -104,43 +169,33 @@ class AdaptiveSchedule(GammaSchedule):
     def __init__(self, gamma: int, max_gamma: int, decay: float = ADAPTIVE_DECAY, alpha0: float = ADAPTIVE_ALPHA0,
                  probe_every: int = ADAPTIVE_PROBE_EVERY):
         super().__init__(gamma, max_gamma)
-        self.decay = decay
-        self.probe_every = probe_every
-        self.alpha = alpha0
-        self._beta_sum = alpha0 * ADAPTIVE_PRIOR_POSITIONS  # decayed sum of the betas (the prior's weight first)
-        self._positions = ADAPTIVE_PRIOR_POSITIONS  # decayed count of the positions they verified
+        self._alpha = AlphaEstimate(alpha0, decay)
+        self._probe = PlainProbe(probe_every)
         self.c: float | None = None
         self.s: float | None = None
         self.f: float | None = None
         self._first_gamma = gamma
         self._learning_steps = 0  # steps spent timing a second draft size (at most LEARNING_STEPS)
-        self._draft_time: dict[int, float] = {}  # drafted tokens g -> averaged seconds of drafting
-        self._pass_time: dict[int, float] = {}  # pass size k -> averaged seconds
-        self._plain_steps = 0  # consecutive steps decided plain (counts to the next probe)
-        self.plain_steps = 0  # all of them
+        self._draft_time = DecayedTimes(decay)  # drafted tokens g -> averaged seconds of drafting
+        self._pass_time = DecayedTimes(decay)  # pass size k -> averaged seconds
         self._drafted_before: bool | None = None  # did the previous step draft? (None: no step yet)
         self.pays: bool | None = None  # the last decision: does some gamma beat plain decoding?
 
-    def _ewma(self, old: float | None, new: float) -> float:
-        return new if old is None else self.decay * old + (1 - self.decay) * new
+    @property
+    def alpha(self) -> float:
+        return self._alpha.value
 
-    @staticmethod
-    def _line(points: dict[int, float], at: int) -> tuple[float, float]:
-        """(value at ``at``, slope >= 0) of the least-squares line through {x: y} (two x's at least)."""
-        xs = list(points)
-        ys = [points[x] for x in xs]
-        x_mean, y_mean = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys)) / sum((x - x_mean) ** 2 for x in xs)
-        slope = max(slope, 0.0)
-        return y_mean - slope * (x_mean - at), slope
+    @property
+    def plain_steps(self) -> int:
+        """Steps decided plain (probes not counted)."""
+        return self._probe.plain_steps
 
     def _fit(self) -> tuple[float, float] | None:
         """(T1, s) from the averaged pass times, or None before two pass sizes are known."""
-        if len(self._pass_time) < 2:
+        line = self._pass_time.line(1)
+        if line is None or line[0] <= 0:
             return None
-        t1, slope = self._line(self._pass_time, 1)
-        if t1 <= 0:
-            return None
+        t1, slope = line
         return t1, slope / t1
 
     def _draft_costs(self, t1: float) -> tuple[float, float] | None:
@@ -150,24 +205,21 @@ class AdaptiveSchedule(GammaSchedule):
         if len(self._draft_time) < 2:  # one size timed: all of it per token
             ((g, t),) = self._draft_time.items()
             return t / g / t1, 0.0
-        fixed, per_token = self._line(self._draft_time, 0)
+        fixed, per_token = self._draft_time.line(0)
         if fixed < 0:  # the line through the origin would fit better: no fixed cost
             g_mean = sum(self._draft_time) / len(self._draft_time)
             return sum(self._draft_time.values()) / len(self._draft_time) / g_mean / t1, 0.0
         return per_token / t1, fixed / t1
 
     def update(self, feedback: StepFeedback) -> None:
-        if feedback.betas:
-            self._beta_sum = self.decay * self._beta_sum + sum(feedback.betas)
-            self._positions = self.decay * self._positions + len(feedback.betas)
-            self.alpha = self._beta_sum / self._positions
+        self._alpha.observe(feedback.betas)
         g = feedback.drafted
         if 0 < g <= self.max_gamma and feedback.time_draft > 0 and self._drafted_before:
-            self._draft_time[g] = self._ewma(self._draft_time.get(g), feedback.time_draft)
+            self._draft_time.observe(g, feedback.time_draft)
         self._drafted_before = feedback.drafted > 0
         k = feedback.target_tokens
         if 0 < k <= self.max_gamma + 1 and feedback.time_target > 0:
-            self._pass_time[k] = self._ewma(self._pass_time.get(k), feedback.time_target)
+            self._pass_time.observe(k, feedback.time_target)
         fit = self._fit()
         if fit is None:  # learn a second pass size first
             if self._pass_time:
@@ -187,12 +239,10 @@ class AdaptiveSchedule(GammaSchedule):
         alpha = min(max(self.alpha, 0.0), 1.0 - 1e-6)
         self.pays = speculation_pays(alpha, self.c, self.s, self.f, self.max_gamma)
         if self.pays:
-            self._plain_steps = 0
+            self._probe.reset()
             self.gamma = optimal_gamma(alpha, self.c, self.max_gamma, self.s, self.f)
         else:
-            self._plain_steps += 1
-            self.gamma = 1 if self._plain_steps % self.probe_every == 0 else 0
-            self.plain_steps += self.gamma == 0
+            self.gamma = self._probe.next()
 
     def report(self) -> dict:
         return {**super().report(), "alpha": self.alpha, "c": self.c, "s": self.s, "f": self.f,
@@ -207,6 +257,82 @@ class ConfidenceSchedule(GammaSchedule):
 
     def next_gamma(self) -> int:
         return self.max_gamma
+
+
+class BatchGamma:
+    """The adaptive schedule of a batch (:mod:`specdec.batching`): one gamma for the rows that use it,
+    from the batch's measured costs.
+
+    Each such row keeps its alpha (:class:`RowAlpha`, an :class:`AlphaEstimate` as the one-sequence
+    schedule's), and the batch keeps the time of a draft step and of a target pass as lines in the number of
+    tokens the pass feeds (rows x width): T(n) = a + b n, through :class:`DecayedTimes` as the one-sequence
+    schedule's. Each round it drafts the gamma that maximizes the batch's expected tokens per second,
+
+        sum_i E_i(gamma) / (gamma D(B) + T(B (gamma + 1))),  E_i(gamma) = (1 - alpha_i^(gamma+1)) / (1 - alpha_i),
+
+    gamma = 0 (plain steps, B tokens per pass) included: with enough rows (a pass over B x (gamma + 1) tokens
+    costing more than the accepted drafts gain) it drafts less, or nothing (with the one-sequence schedule's
+    :class:`PlainProbe`). Until two pass sizes have been timed it drafts ``gamma``, then 1."""
+
+    def __init__(self, gamma: int, max_gamma: int, decay: float = ADAPTIVE_DECAY, alpha0: float = ADAPTIVE_ALPHA0,
+                 probe_every: int = ADAPTIVE_PROBE_EVERY):
+        self.gamma, self.max_gamma, self.decay, self.alpha0 = gamma, max_gamma, decay, alpha0
+        self.target_time = DecayedTimes(decay)  # tokens fed -> averaged seconds
+        self.draft_time = DecayedTimes(decay)  # rows -> averaged seconds of one draft step
+        self._probe = PlainProbe(probe_every)
+
+    def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float) -> None:
+        """A round of ``rows`` rows whose target pass fed ``width`` tokens per row; ``drafted``: the most
+        tokens a row drafted (draft steps), in ``time_draft`` seconds."""
+        if time_target > 0:
+            self.target_time.observe(rows * width, time_target)
+        if drafted > 0 and time_draft > 0:
+            self.draft_time.observe(rows, time_draft / drafted)
+
+    def choose(self, alphas: Sequence[float], rows: int | None = None) -> int:
+        """The batch's gamma for the adaptive rows with these alphas, in a batch of ``rows`` rows (default: those;
+        the others' tokens per pass do not depend on this gamma)."""
+        line = self.target_time.line(0)
+        rows = len(alphas) if rows is None else rows
+        if line is None or not self.draft_time:
+            return 1 if self.target_time else self.gamma
+        a, b = line
+        step = self.draft_time.get(rows) or self.draft_time[min(self.draft_time, key=lambda r: abs(r - rows))]
+
+        def rate(g: int) -> float:
+            tokens = sum(expected_tokens(min(max(al, 0.0), 1 - 1e-6), g) for al in alphas) + rows - len(alphas)
+            return tokens / (g * step + a + b * rows * (g + 1))
+
+        best = max(range(self.max_gamma + 1), key=rate)
+        if best == 0:
+            return self._probe.next()
+        self._probe.reset()
+        return best
+
+    def report(self) -> dict:
+        line = self.target_time.line(0)
+        return {"name": "adaptive", "batch": True, "gamma": self.gamma,
+                "pass_seconds": None if line is None else {"a": line[0], "b_per_token": line[1]}}
+
+
+class RowAlpha:
+    """A batch row's part of :class:`BatchGamma`: its alpha (and what its stats report as the schedule)."""
+
+    name = "adaptive"
+
+    def __init__(self, policy: BatchGamma):
+        self.policy = policy
+        self._alpha = AlphaEstimate(policy.alpha0, policy.decay)
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha.value
+
+    def update(self, feedback: StepFeedback) -> None:
+        self._alpha.observe(feedback.betas)
+
+    def report(self) -> dict:
+        return {**self.policy.report(), "alpha": self.alpha}
 
 
 def make_schedule(name: str, gamma: int, max_gamma: int) -> GammaSchedule:

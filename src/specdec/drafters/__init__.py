@@ -17,9 +17,9 @@ from specdec.drafters.prompt_lookup import PromptLookupDrafter, find_continuatio
 from specdec.drafters.random_tokens import RandomDrafter
 from specdec.drafters.retokenized import RetokenizedDrafter
 from specdec.drafters.suffix import SuffixDrafter, suffix_continuation
-from specdec.drafters.plan import DRAFTER_NAMES, DraftPlan, make_drafter, plan_draft
+from specdec.drafters.plan import DRAFTER_NAMES, DraftKind, DraftPlan, make_drafter, plan_draft
 
 __all__ = [
-    "Draft", "DraftContext", "DraftPlan", "Drafter", "DrafterBase", "DrafterStats", "ModelDrafter", "NGramDrafter",
+    "Draft", "DraftContext", "DraftKind", "DraftPlan", "Drafter", "DrafterBase", "DrafterStats", "ModelDrafter", "NGramDrafter",
     "PromptLookupDrafter", "RandomDrafter", "RetokenizedDrafter", "SpeculativeDrafter", "SuffixDrafter", "find_continuation", "suffix_continuation", "make_drafter", "plan_draft", "DRAFTER_NAMES",
 ]

@@ -13,6 +13,7 @@ is drafted for by the levels below it (hierarchical drafting); parameter-free dr
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
 from dataclasses import dataclass
@@ -40,6 +41,24 @@ def _names_model(level: DraftLevel) -> bool:
     return _is_name(level.name) and str(level.name) not in DRAFTER_NAMES
 
 
+class DraftKind(str, enum.Enum):
+    """What kind of draft a plan is: the one place the CLI, the batch engine and the server ask."""
+
+    PLAIN = "plain"  # no draft: plain decoding
+    DRAFTER = "drafter"  # one parameter-free drafter: a name in DRAFTER_NAMES, or a Drafter object
+    MODEL = "model"  # one model: a name that loads, or a loaded model
+    HIERARCHY = "hierarchy"  # models drafted for by the levels below them, top first
+
+
+def _is_drafter(source: Any) -> bool:
+    """A drafter object (the Drafter protocol, or the earlier releases' start / propose / update), not a model."""
+    from specdec.models import Model
+
+    if isinstance(source, Model):
+        return False
+    return isinstance(source, Drafter) or all(callable(getattr(source, m, None)) for m in CORE)
+
+
 @dataclass(frozen=True)
 class DraftPlan:
     """The levels of a draft, top first (empty: plain decoding). See the module docstring."""
@@ -49,6 +68,16 @@ class DraftPlan:
     @property
     def plain(self) -> bool:
         return not self.levels
+
+    @property
+    def kind(self) -> DraftKind:
+        if self.plain:
+            return DraftKind.PLAIN
+        if len(self.levels) > 1:
+            return DraftKind.HIERARCHY
+        source = self.levels[0].name
+        named_drafter = _is_name(source) and str(source) in DRAFTER_NAMES
+        return DraftKind.DRAFTER if named_drafter or _is_drafter(source) else DraftKind.MODEL
 
     @property
     def model_names(self) -> list[DraftLevel]:
@@ -176,14 +205,12 @@ def plan_draft(draft: Any) -> DraftPlan:
 def _level_drafter(source: Any, target: Any) -> Drafter:
     """One level's drafter: a drafter name's, a Drafter as given, or a loaded model's (ModelDrafter when it
     shares the target's vocabulary, else RetokenizedDrafter)."""
-    from specdec.models import LanguageModel, check_same_device, load, same_vocabulary
+    from specdec.models import check_same_device, load, same_vocabulary
 
     if _is_name(source) and str(source) in DRAFTER_NAMES:
         return DRAFTER_NAMES[str(source)]()
-    if isinstance(source, Drafter) and not isinstance(source, LanguageModel):
-        return source
-    if all(callable(getattr(source, m, None)) for m in CORE):
-        return Completed(source)  # start / propose / update only (earlier releases' protocol): the rest defaults
+    if _is_drafter(source):  # as given, or with the rest defaulted (earlier releases' start / propose / update)
+        return source if isinstance(source, Drafter) else Completed(source)
     model = load(source)
     if model.is_encoder_decoder != target.is_encoder_decoder:
         kinds = {True: "an encoder-decoder", False: "a decoder-only"}

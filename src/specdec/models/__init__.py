@@ -19,12 +19,13 @@ import torch
 from specdec.devices import resolve_device
 from specdec.errors import SpecDecError
 from specdec.models.causal import LanguageModel
+from specdec.models.interface import Model
 from specdec.models.checks import (
     LLAMA_CPP, check_load, check_prompt, check_quantize, load_dtype, parse_dtype, preset_names, source_kind,
 )
 from specdec.models.vocabulary import check_same_vocabulary, preset_tokenizer, same_vocabulary
 
-__all__ = ["load", "LanguageModel", "parse_dtype", "load_dtype", "check_load", "check_prompt", "source_kind", "check_same_device",
+__all__ = ["load", "Model", "LanguageModel", "parse_dtype", "load_dtype", "check_load", "check_prompt", "source_kind", "check_same_device",
            "check_same_vocabulary", "same_vocabulary"]
 
 
@@ -62,7 +63,7 @@ def load(
     engine, cuda_graphs, compile: how generations run (:meth:`LanguageModel.configure`); by default the
       static cache with CUDA graphs on CUDA, the dynamic cache on CPU, not compiled.
     """
-    if getattr(source, "quantization", None) == LLAMA_CPP and not isinstance(source, (str, os.PathLike)):
+    if isinstance(source, Model) and source.quantization == LLAMA_CPP:
         return source  # a llama.cpp model, loaded (a draft)
     if isinstance(source, LanguageModel):
         if device is not None and resolve_device(device) != source.device:

@@ -59,7 +59,7 @@ class BatchSession:
         cache.visible = min(self.capacity, -(-end // VISIBLE_STEP) * VISIBLE_STEP)
         masks = cache.attention_masks(positions, cache.dtype)  # [B, 1, w, C] each
         mask = masks if len(masks) > 1 else masks["full_attention"]
-        exact = exact_rows(spans) if getattr(self.model, "block_invariant", False) else contextlib.nullcontext()
+        exact = exact_rows(spans) if self.model.block_invariant else contextlib.nullcontext()
         with torch.inference_mode(), exact:
             out = self.model.hf_model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                                       logits_to_keep=n_logits, **{cache.keyword: cache})

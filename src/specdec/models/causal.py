@@ -18,6 +18,7 @@ from specdec.devices import module_device
 from specdec.errors import SpecDecError
 from specdec.models import graphs
 from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, buckets_up_to, compiled_step, static_step
+from specdec.models.interface import Model
 from specdec.models.kv_cache import cache_keyword
 from specdec.models.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
@@ -64,19 +65,16 @@ def new_token_limit(n_prompt: int, max_new_tokens: int, max_context: int | None,
     return max_new_tokens if max_context is None else min(max_new_tokens, max_context - n_prompt)
 
 
-class LanguageModel:
+class LanguageModel(Model):
     """A causal language model and its tokenizer, as used by drafters and the decoding loop."""
 
-    is_encoder_decoder = False
 
     def __init__(self, hf_model: Any, tokenizer: Any, name: str | None = None):
         if getattr(hf_model.config, "is_encoder_decoder", False):
             raise SpecDecError("this is an encoder-decoder model; load it with specdec.load(), which picks the seq2seq backend")
         self.hf_model = hf_model.eval()
         self.tokenizer = tokenizer
-        self.quantization: str | None = None  # set by specdec.models.quantize
-        # True when a k-token pass gives each position the logits of k one-token steps, bit for bit (the int8
-        # models: Int8Linear layers and row-wise attention); set by specdec.models.quantize.mark_quantized
+        self.quantization = None  # set by specdec.models.quantize (with block_invariant: see Model)
         self.block_invariant = False
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
         self.configure()

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from specdec.errors import SpecDecError
+from specdec.models.interface import Model
 
 INSTALL = ("pip install 'specdec[llama]' (or pip install llama-cpp-python==0.3.36; it builds from source in "
            "about 4 minutes)")
@@ -145,14 +146,11 @@ class LlamaCppSession:
         return None
 
 
-class LlamaCppModel:
+class LlamaCppModel(Model):
     """A GGUF model in llama.cpp with the tokenizer specdec compares against the target's."""
 
-    is_encoder_decoder = False
     quantization = "llama-cpp"
-    block_invariant = False
     engine = "llama.cpp"
-    cuda_graphs = False
     dtype = torch.float32
     device = torch.device("cpu")
 

@@ -185,7 +185,7 @@ def create_app(load: Callable[[], Served], *, max_queue: int = 16, api_key: str 
                  "specdec": {"target": served.target.name, "draft": served.draft_label,
                              "max_context": served.target.max_context, "api_key_required": bool(api_key),
                              "precision": served.target.quantization or str(served.target.dtype).replace("torch.", ""),
-                             "block_invariant": bool(getattr(served.target, "block_invariant", False))}}
+                             "block_invariant": served.target.block_invariant}}
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def generate(request: Request, chat: bool) -> Response:
