@@ -12,6 +12,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `tiny`
 
+pytest_plugins = ["memory_report"]  # each test process's peak memory, printed after the tests
+
 
 # Two torch threads in one process; one per process under pytest-xdist (`make test` runs two workers on
 # two cores: more threads than cores makes OpenMP's spinning threads wait on each other).
