@@ -191,14 +191,18 @@ def _chat_prompt(body: dict, target: Any) -> list[int]:
 def _draft(body: dict, served: Served) -> tuple[Any, str, str | None]:
     """(draft for specdec.generate, its label, its draft specification for the speculation defaults; None:
     the server's)."""
-    from specdec.drafters import DRAFTER_NAMES
+    from specdec.drafters import DRAFTER_NAMES, DraftKind, plan_draft
 
     name = body.get("draft")
     if name is None or name in ("default", served.draft_label):
         return served.draft, served.draft_label, None
     if name == "none":
         return None, "none", "none"
-    if name in DRAFTER_NAMES:
+    try:  # a client may name one parameter-free drafter (a model would load in the server)
+        drafter = isinstance(name, str) and plan_draft(name).kind is DraftKind.DRAFTER
+    except SpecDecError:
+        drafter = False
+    if drafter:
         return name, name, name
     allowed = ", ".join(["none", "default", served.draft_label, *DRAFTER_NAMES])
     raise APIError(400, f"'draft' must be one of {allowed}; got {name!r}", param="draft")
