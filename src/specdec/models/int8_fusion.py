@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from specdec.models.int8_linear import Int8Linear
-from specdec.models.int8_weights import contiguous_q, is_per_channel
+from specdec.models.int8_weights import DeferredQWeight, contiguous_q, is_per_channel
 
 
 def _version(x: torch.Tensor) -> int:
@@ -98,10 +98,11 @@ def _cat_per_channel(qweights: list[torch.Tensor]) -> torch.Tensor | None:
             torch.cat([q.q_per_channel_zero_points() for q in qweights]), 0)
 
 
-def int8_layers(weights: dict[str, tuple[torch.Tensor, torch.Tensor | None]],
+def int8_layers(weights: dict[str, tuple[torch.Tensor | DeferredQWeight, torch.Tensor | None]],
                 pool: ThreadPoolExecutor | None = None) -> dict[str, Int8Linear]:
     """``{layer name: (qweight [out, in], bias)}`` -> ``{layer name: Int8Linear}``, sibling sets
-    (:data:`FUSED_SIBLINGS`) fused; packed now or on ``pool``, the largest weights first."""
+    (:data:`FUSED_SIBLINGS`) fused; packed now or on ``pool``, the largest weights first. A
+    :class:`DeferredQWeight` (a stored model's) is made, fused siblings stacked, only when its layer packs."""
     groups: list[list[str]] = []
     taken: set[str] = set()
     for name in weights:
@@ -114,7 +115,9 @@ def int8_layers(weights: dict[str, tuple[torch.Tensor, torch.Tensor | None]],
                     taken.update(names)
     jobs = [([name], weights[name][0], weights[name][1]) for name in weights if name not in taken]
     for names in groups:
-        qweight = _cat_per_channel([weights[n][0] for n in names])
+        members = [weights[n][0] for n in names]
+        deferred = all(isinstance(w, DeferredQWeight) for w in members)
+        qweight = DeferredQWeight.join(members) if deferred else _cat_per_channel(members)
         if qweight is None:  # per-tensor weights keep their own scales: not fused
             jobs.extend(([n], weights[n][0], weights[n][1]) for n in names)
             continue

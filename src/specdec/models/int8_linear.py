@@ -32,7 +32,7 @@ import torch
 
 from specdec.errors import SpecDecError
 from specdec.models import int8_kernels, threads
-from specdec.models.int8_weights import contiguous_q, with_ints
+from specdec.models.int8_weights import DeferredQWeight, contiguous_q, with_ints
 
 #: The pinned columns are padded so that K + pad is a multiple of this (fbgemm's K blocking; measured).
 K_ALIGN = 8
@@ -133,7 +133,9 @@ class Int8Linear(torch.nn.Module):
                 qweight = torch.quantize_per_tensor(weight, float(scale), int(zero_point), torch.qint8)
         return cls.from_qweight(qweight, bias)
 
-    def _pack(self, qweight: torch.Tensor):
+    def _pack(self, qweight: torch.Tensor | DeferredQWeight):
+        if isinstance(qweight, DeferredQWeight):
+            qweight = qweight.make()  # (on the packing thread: one weight copied at a time, not all at once)
         if not isinstance(qweight, torch.Tensor) or not qweight.is_quantized:
             raise SpecDecError(f"Int8Linear takes a qint8 weight, got {getattr(qweight, 'dtype', type(qweight))}")
         if self.kernel == "onednn":

@@ -17,7 +17,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from specdec.errors import SpecDecError
 from specdec.models.int8_fusion import int8_layers, put_layers
 from specdec.models.int8_linear import Int8Linear
-from specdec.models.int8_weights import check_method, is_per_channel
+from specdec.models.int8_weights import DeferredQWeight, check_method, is_per_channel
 
 _META_KEY = "specdec_quantized_linears"
 
@@ -120,16 +120,12 @@ def load_quantized(folder, path, method: str):
             raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
         modules = json.loads(meta[_META_KEY])
         for name, info in modules.items():
-            weight = f.get_tensor(f"{name}.weight_int8")
-            scales = f.get_tensor(f"{name}.weight_scales")
-            zero_points = f.get_tensor(f"{name}.weight_zero_points")
-            if "axis" in info:
-                qweight = torch._make_per_channel_quantized_tensor(weight, scales, zero_points, info["axis"])
-            else:
-                qweight = torch._make_per_tensor_quantized_tensor(weight, float(scales[0]), int(zero_points[0]))
+            if "axis" in info and info["axis"] != 0:
+                raise SpecDecError(f"{path}: {name} is quantized along axis {info['axis']}; expected 0 (output rows)")
+            parts = [(f.get_tensor(f"{name}.weight_int8"), f.get_tensor(f"{name}.weight_scales"),
+                      f.get_tensor(f"{name}.weight_zero_points"))]
             bias = f.get_tensor(f"{name}.bias") if info["bias"] else None
-            weights[name] = (qweight, bias)
-            del weight, qweight
+            weights[name] = (DeferredQWeight(parts, per_channel="axis" in info), bias)  # made as it packs
         # packed on background threads, the largest first: the 0.5B's lm_head packs for as long as all its
         # layers together, so it packs on one thread while the layers pack on the other
         linears = int8_layers(weights, pool)
