@@ -66,16 +66,14 @@ def new_token_limit(n_prompt: int, max_new_tokens: int, max_context: int | None,
 
 
 class LanguageModel(Model):
-    """A causal language model and its tokenizer, as used by drafters and the decoding loop."""
-
+    """A causal language model and its tokenizer, as used by drafters and the decoding loop. Unquantized
+    until :mod:`specdec.models.quantize` sets ``quantization`` and ``block_invariant`` (defaults: :class:`Model`)."""
 
     def __init__(self, hf_model: Any, tokenizer: Any, name: str | None = None):
         if getattr(hf_model.config, "is_encoder_decoder", False):
             raise SpecDecError("this is an encoder-decoder model; load it with specdec.load(), which picks the seq2seq backend")
         self.hf_model = hf_model.eval()
         self.tokenizer = tokenizer
-        self.quantization = None  # set by specdec.models.quantize (with block_invariant: see Model)
-        self.block_invariant = False
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
         self.configure()
 

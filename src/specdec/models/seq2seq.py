@@ -47,7 +47,6 @@ class Seq2SeqLanguageModel(LanguageModel):
             raise SpecDecError("this is not an encoder-decoder model; use specdec.load(), which picks the backend")
         self.hf_model = hf_model.eval()
         self.tokenizer = tokenizer
-        self.quantization = None
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
         self.configure()
 
