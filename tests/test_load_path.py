@@ -16,7 +16,7 @@ import torch
 
 import specdec
 from specdec.models import presets
-from specdec.models.gguf_convert import strip_gguf_quantization
+from specdec.models.gguf_convert import one_parse_per_file, strip_gguf_quantization
 from specdec.models.presets import PRESETS, VARIANTS, resolve_preset
 
 
@@ -159,10 +159,11 @@ def old_folders(tmp_path_factory):
     def get(name):
         if name not in made:
             gguf = presets.preset_gguf(name, cache_dir=root / "old", progress=False)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                quantization_config=GgufConfig(dequantize=True),
-            )
+            with one_parse_per_file():
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                    quantization_config=GgufConfig(dequantize=True),
+                )
             strip_gguf_quantization(model)
             model.save_pretrained(root / "old" / name)
             del model
