@@ -356,6 +356,39 @@ def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
         save_quantized(hf, tmp_path / "bad.safetensors", "int8", blocks={key: (k, (d * 2).to(torch.float16))})
 
 
+@pytest.mark.parametrize("method", ["int8", "int8-tensor"])
+def test_a_conversion_saves_the_quantized_layers_without_building_them(tmp_path, method):
+    """The conversion's int8 file (weights quantized one by one, nothing packed for a kernel, float weights
+    freed as it goes) holds the same tensors and layer table as a file saved from the model quantize_hf
+    built; and only the quantized layers' float weights are freed (a tied table stays)."""
+    import copy
+
+    from safetensors import safe_open
+
+    from specdec.models.quantize import quantize_hf, quantized_weights, save_quantized
+    from tiny import tiny_model
+
+    hf = tiny_model(eos=None).float().eval()
+    hf.config.tie_word_embeddings = True
+    hf.tie_weights()
+    assert hf.lm_head.weight is hf.get_input_embeddings().weight
+    reference = copy.deepcopy(hf)
+    quantize_hf(reference, method)
+    save_quantized(reference, tmp_path / "built.safetensors", method)
+    table = hf.get_input_embeddings().weight.clone()
+    weights = quantized_weights(hf, method, free_floats=True)
+    assert "lm_head" in weights and hf.lm_head.weight.numel() == 0
+    assert torch.equal(hf.get_input_embeddings().weight, table)
+    save_quantized(hf, tmp_path / "unbuilt.safetensors", method, weights=weights)
+    with safe_open(str(tmp_path / "built.safetensors"), framework="pt") as a, \
+            safe_open(str(tmp_path / "unbuilt.safetensors"), framework="pt") as b:
+        assert a.metadata() == b.metadata()
+        assert sorted(a.keys()) == sorted(b.keys())
+        for key in a.keys():
+            x, y = a.get_tensor(key), b.get_tensor(key)
+            assert x.dtype == y.dtype and torch.equal(x, y), key
+
+
 def test_presets_with_the_same_vocabulary_files_share_one_tokenizer(tmp_path):
     """The Qwen draft and target ship one tokenizer.json but different chat templates: the second preset
     folder reuses the loaded tokenizer (same backend, so the vocabulary check is an identity test) with

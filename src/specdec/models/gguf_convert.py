@@ -197,12 +197,13 @@ def convert(
             model.save_pretrained(out, variant=None if variant == "bf16" else variant, max_shard_size="1000GB")
         else:
             from specdec.models.int8_storage import save_quantized
-            from specdec.models.quantize import quantize_hf
+            from specdec.models.quantize import quantized_weights
 
             model.config.save_pretrained(out)
             model.generation_config.save_pretrained(out)
-            quantize_hf(model, variant)
-            save_quantized(model, out / VARIANTS[variant], variant, blocks=_exact_blocks(model, gguf_path))
+            weights = quantized_weights(model, variant, free_floats=True)  # (nothing packed: only saved)
+            save_quantized(model, out / VARIANTS[variant], variant, weights=weights,
+                           blocks=_exact_blocks(model, gguf_path, skip=weights))
         del model
         if base:
             tokenizer.save_pretrained(out)
@@ -224,11 +225,12 @@ SCALE_BYTES = 2
 INT8_MIN, INT8_MAX = -128, 127
 
 
-def _exact_blocks(model, gguf_path: pathlib.Path) -> dict:
+def _exact_blocks(model, gguf_path: pathlib.Path, skip=()) -> dict:
     """``{state key: (k int8 [rows, cols], d float16 [rows, cols // BLOCK])}`` for the float tensors of
     ``model`` (those a dynamic int8 model keeps in float32: the embedding table) that come from a
     Q8_0 / Q5_0 / Q4_0 GGUF tensor, each checked to rebuild the float32 tensor exactly (else left out,
-    and stored in float32): about a quarter of the float32 bytes.
+    and stored in float32): about a quarter of the float32 bytes. The layers named in ``skip`` (those
+    saved in int8) are not looked at.
     """
     import numpy as np
     import torch
@@ -239,7 +241,10 @@ def _exact_blocks(model, gguf_path: pathlib.Path) -> dict:
     candidates = [t for t in GGUFReader(str(gguf_path)).tensors if t.tensor_type.name in _SCALED_INT_TYPES]
     found: dict = {}
     seen: set[int] = set()
+    skipped = tuple(f"{name}." for name in skip)
     for key, value in model.state_dict().items():
+        if skipped and key.startswith(skipped):
+            continue
         if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.dim() != 2:
             continue
         if value.shape[1] % BLOCK or value.data_ptr() in seen:

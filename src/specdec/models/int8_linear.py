@@ -32,7 +32,7 @@ import torch
 
 from specdec.errors import SpecDecError
 from specdec.models import int8_kernels, threads
-from specdec.models.int8_weights import DeferredQWeight, contiguous_q, with_ints
+from specdec.models.int8_weights import DeferredQWeight, contiguous_q, quantize_weight, with_ints
 
 #: The pinned columns are padded so that K + pad is a multiple of this (fbgemm's K blocking; measured).
 K_ALIGN = 8
@@ -119,19 +119,7 @@ class Int8Linear(torch.nn.Module):
                    per_channel: bool = True) -> "Int8Linear":
         """The layer of a float weight [out, in], quantized as ``quantize_dynamic`` quantizes it (qint8,
         symmetric, per output channel or per tensor)."""
-        from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
-
-        observer = (per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig).weight()
-        weight = weight.detach().float()
-        observer(weight)
-        scale, zero_point = observer.calculate_qparams()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
-            if per_channel:
-                qweight = torch.quantize_per_channel(weight, scale.float(), zero_point, 0, torch.qint8)
-            else:
-                qweight = torch.quantize_per_tensor(weight, float(scale), int(zero_point), torch.qint8)
-        return cls.from_qweight(qweight, bias)
+        return cls.from_qweight(quantize_weight(weight, per_channel), bias)
 
     def _pack(self, qweight: torch.Tensor | DeferredQWeight):
         if isinstance(qweight, DeferredQWeight):

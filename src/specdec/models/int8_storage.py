@@ -46,24 +46,26 @@ def expand_blocks(k: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return out.view(rows, cols)
 
 
-def save_quantized(hf, path, method: str, blocks: dict | None = None) -> None:
+def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: dict | None = None) -> None:
     """Write a model quantized by :func:`~specdec.models.quantize.quantize_hf` to one safetensors file at ``path``.
 
     ``blocks``: ``{state key: (k, d)}`` for float tensors stored as int8 ``k`` and float16 block
     scales ``d`` (:func:`expand_blocks` gives the float32 tensor back exactly) instead of float32.
+    ``weights``: ``{layer name: (qweight, bias)}`` (:func:`~specdec.models.quantize.quantized_weights`)
+    for a model whose linear layers are still float: saved as those layers quantized, nothing packed.
     """
     import json
 
     from safetensors.torch import save_file
 
     blocks = blocks or {}
+    if weights is None:
+        weights = {name: mod._weight_bias() for name, mod in hf.named_modules()
+                   if isinstance(mod, (DynamicLinear, Int8Linear))}
     tensors: dict[str, torch.Tensor] = {}
     modules: dict[str, dict] = {}
-    for name, mod in hf.named_modules():
-        if not isinstance(mod, (DynamicLinear, Int8Linear)):
-            continue
-        weight, bias = mod._weight_bias()
-        info = {"in": mod.in_features, "out": mod.out_features, "bias": bias is not None}
+    for name, (weight, bias) in weights.items():
+        info = {"in": int(weight.shape[1]), "out": int(weight.shape[0]), "bias": bias is not None}
         tensors[f"{name}.weight_int8"] = weight.int_repr().contiguous()
         if is_per_channel(weight):
             info["axis"] = int(weight.q_per_channel_axis())

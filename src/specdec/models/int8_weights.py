@@ -27,6 +27,23 @@ def is_per_channel(qweight: torch.Tensor) -> bool:
     return qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
 
 
+def quantize_weight(weight: torch.Tensor, per_channel: bool = True) -> torch.Tensor:
+    """A float weight [out, in] quantized as ``quantize_dynamic`` quantizes it: qint8, symmetric, one scale
+    per output channel (``per_channel``) or for the tensor; the same values and scales, without packing it
+    for a kernel (and unpacking it again) on the way."""
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
+
+    observer = (per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig).weight()
+    weight = weight.detach().float()
+    observer(weight)
+    scale, zero_point = observer.calculate_qparams()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
+        if per_channel:
+            return torch.quantize_per_channel(weight, scale.float(), zero_point, 0, torch.qint8)
+        return torch.quantize_per_tensor(weight, float(scale), int(zero_point), torch.qint8)
+
+
 def with_ints(qweight: torch.Tensor, ints: torch.Tensor) -> torch.Tensor:  # (fbgemm's packing)
     """A qint8 tensor of the int8 values ``ints`` [out, any width] with ``qweight``'s scales and zero points
     (one per output row, or one for the tensor)."""

@@ -14,6 +14,7 @@ the pieces:
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
@@ -22,9 +23,9 @@ from specdec.models import threads
 from specdec.models.int8_fusion import FUSED_SIBLINGS, Int8Slice, int8_layers, put_layers
 from specdec.models.int8_linear import K_ALIGN, Int8Linear, padded_width
 from specdec.models.int8_storage import expand_blocks, load_quantized, save_quantized
-from specdec.models.int8_weights import METHODS, check_method, contiguous_q
+from specdec.models.int8_weights import METHODS, check_method, contiguous_q, quantize_weight
 
-__all__ = ["METHODS", "check_method", "quantize_model", "quantize_hf", "mark_quantized", "pin_linears", "wait_packed",
+__all__ = ["METHODS", "check_method", "quantize_model", "quantize_hf", "quantized_weights", "mark_quantized", "pin_linears", "wait_packed",
            "Int8Linear", "Int8Slice", "FUSED_SIBLINGS", "K_ALIGN", "padded_width", "int8_layers", "expand_blocks",
            "save_quantized", "load_quantized"]
 
@@ -49,6 +50,25 @@ def quantize_hf(hf, method: str) -> None:
         with torch.no_grad():
             quantize_dynamic(hf, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
     pin_linears(hf)
+
+
+def quantized_weights(hf, method: str, free_floats: bool = False) -> dict[str, tuple[torch.Tensor, Any]]:
+    """``{layer name: (qweight [out, in], float32 bias or None)}`` for the linear layers :func:`quantize_hf`
+    would quantize, the same values, without building the layers: what a conversion saves
+    (:func:`~specdec.models.int8_storage.save_quantized`). ``free_floats``: each layer's float weight is
+    dropped once quantized (the model is then only good for saving), so the float model and its int8 copy
+    are never both held."""
+    check_method(method)
+    per_channel = METHODS[method] == "per-channel"
+    out = {}
+    for name, module in hf.named_modules():
+        if type(module) is not torch.nn.Linear:  # (quantize_dynamic's match: the exact type)
+            continue
+        out[name] = (quantize_weight(module.weight, per_channel),
+                     None if module.bias is None else module.bias.detach().float())
+        if free_floats:
+            module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)  # (a tied table stays)
+    return out
 
 
 def mark_quantized(model, method: str) -> None:
