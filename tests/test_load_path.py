@@ -359,13 +359,16 @@ def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
 @pytest.mark.parametrize("method", ["int8", "int8-tensor"])
 def test_a_conversion_saves_the_quantized_layers_without_building_them(tmp_path, method):
     """The conversion's int8 file (weights quantized one by one, nothing packed for a kernel, float weights
-    freed as it goes) holds the same tensors and layer table as a file saved from the model quantize_hf
-    built; and only the quantized layers' float weights are freed (a tied table stays)."""
+    freed as it goes) holds the same tensors and layer table as a file saved from the model torch's own
+    ``quantize_dynamic`` built (what format 1 quantized with); and only the quantized layers' float weights
+    are freed (a tied table stays)."""
     import copy
+    import warnings
 
     from safetensors import safe_open
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
-    from specdec.models.quantize import quantize_hf, quantized_weights, save_quantized
+    from specdec.models.quantize import quantized_weights, save_quantized
     from tiny import tiny_model
 
     hf = tiny_model(eos=None).float().eval()
@@ -373,7 +376,10 @@ def test_a_conversion_saves_the_quantized_layers_without_building_them(tmp_path,
     hf.tie_weights()
     assert hf.lm_head.weight is hf.get_input_embeddings().weight
     reference = copy.deepcopy(hf)
-    quantize_hf(reference, method)
+    qconfig = per_channel_dynamic_qconfig if method == "int8" else default_dynamic_qconfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated upstream, present in torch 2.13
+        quantize_dynamic(reference, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
     save_quantized(reference, tmp_path / "built.safetensors", method)
     table = hf.get_input_embeddings().weight.clone()
     weights = quantized_weights(hf, method, free_floats=True)

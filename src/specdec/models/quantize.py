@@ -13,7 +13,6 @@ the pieces:
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -39,25 +38,19 @@ def quantize_model(model, method: str) -> None:
 
 def quantize_hf(hf, method: str) -> None:
     """Quantize the linear layers of a transformers model in place into :class:`Int8Linear` layers (the
-    weights as ``quantize_dynamic`` makes them; float32 first: the kernels take float32 activations)."""
+    weights as ``quantize_dynamic`` makes them, :func:`quantized_weights`, each packed once; float32 first:
+    the kernels take float32 activations)."""
     check_method(method)
-    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
-
-    qconfig = per_channel_dynamic_qconfig if METHODS[method] == "per-channel" else default_dynamic_qconfig
-    hf.float()  # dynamic int8 kernels take float32 activations
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # quantize_dynamic is deprecated upstream but present in torch 2.13
-        with torch.no_grad():
-            quantize_dynamic(hf, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
-    pin_linears(hf)
+    hf.float()
+    put_layers(hf, int8_layers(quantized_weights(hf, method, free_floats=True)))
 
 
 def quantized_weights(hf, method: str, free_floats: bool = False) -> dict[str, tuple[torch.Tensor, Any]]:
-    """``{layer name: (qweight [out, in], float32 bias or None)}`` for the linear layers :func:`quantize_hf`
-    would quantize, the same values, without building the layers: what a conversion saves
-    (:func:`~specdec.models.int8_storage.save_quantized`). ``free_floats``: each layer's float weight is
-    dropped once quantized (the model is then only good for saving), so the float model and its int8 copy
-    are never both held."""
+    """``{layer name: (qweight [out, in], float32 bias or None)}`` for the linear layers ``quantize_dynamic``
+    would quantize (the exact type ``nn.Linear``), with its values and scales, without building layers:
+    what :func:`quantize_hf` packs and a conversion saves (:func:`~specdec.models.int8_storage.save_quantized`).
+    ``free_floats``: each layer's float weight is dropped once quantized (the layer is then only good for
+    replacing or saving), so the float model and its int8 copy are never both held."""
     check_method(method)
     per_channel = METHODS[method] == "per-channel"
     out = {}
