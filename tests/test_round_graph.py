@@ -16,7 +16,7 @@ from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
 from test_distribution import PROMPT as DIST_PROMPT, V, exact_joint
 from test_host_syncs import HostReads
-from tiny import captured, load_tiny, perturbed, tiny_gemma3
+from tiny import captured, load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
 N_NEW = 24
@@ -70,12 +70,52 @@ def test_graphed_rounds_give_plain_decodings_tokens(kind, emulated_graphs):
     for options in ({"gamma": 4}, {"gamma": 2}):
         out = specdec.generate(target, PROMPT, draft=draft, max_new_tokens=N_NEW, **options)
         assert out.token_ids == reference, options
-        # every round but the first (its token comes with the prefill) and the short last ones was one graph
-        assert out.stats.rounds_graphed >= 3 and out.stats.rounds_per_step <= 3, out.stats.to_dict()
-        assert out.stats.rounds_graphed + out.stats.rounds_per_step == out.stats.target_calls
+        # every round was one graph: the first (the prefill leaves the prompt's last token to it) and the last ones
+        # (a round of 4 or 2 drafts, cut to the budget)
+        assert out.stats.rounds_per_step == 0 and out.stats.rounds_graphed == out.stats.target_calls >= 3, options
+        # the rounds after the first were launched before the one before them was read, but the last ones
+        # (that might not fit the budget)
+        assert 1 <= out.stats.rounds_chained <= out.stats.target_calls - 1, options
     plain = specdec.generate(target, PROMPT, max_new_tokens=N_NEW)
     assert plain.token_ids == reference
-    assert (plain.stats.rounds_graphed, plain.stats.rounds_per_step) == (N_NEW - 1, 1)
+    assert (plain.stats.rounds_graphed, plain.stats.rounds_per_step) == (N_NEW, 0)
+    assert plain.stats.rounds_chained == N_NEW - 1  # every step but the first, launched before the last was read
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_chained_round_drafts_what_a_round_launched_from_the_host_drafts(sampling, emulated_graphs, monkeypatch):
+    """The inputs a round leaves for the next (the last two tokens, the length) are those the host would set:
+    the same proposals, acceptances and tokens as with every round launched from the host."""
+    base = load_tiny("llama", eos=None)
+    target, draft = graphed_pair(base, scale=0.5, samplings=(sampling,))
+
+    def rounds(**options):
+        events = []
+        out = specdec.generate(target, PROMPT, draft=draft, gamma=4, max_new_tokens=N_NEW, seed=3,
+                               temperature=sampling.temperature, on_round=events.append, **options)
+        return out, [(e.drafted, e.accepted) for e in events]
+
+    chained, chained_rounds = rounds()
+    monkeypatch.setattr(round_graph, "_chainable", lambda *args: False)
+    from_host, host_rounds = rounds()
+    assert chained.stats.rounds_chained >= 3 and from_host.stats.rounds_chained == 0
+    assert chained.token_ids == from_host.token_ids and chained_rounds == host_rounds
+    assert any(accepted < len(drafted) for drafted, accepted in host_rounds)  # rejections happened
+
+
+def test_a_generation_that_ends_with_a_round_in_flight_leaves_nothing_behind(emulated_graphs):
+    """A stop string ends the generation while the next round was already launched; that round's writes (cache
+    positions past the sequence) are never read, and the next generation gives the reference tokens again."""
+    base = load_tiny("qwen2", eos=None)
+    reference = specdec.generate(static(base), PROMPT, max_new_tokens=N_NEW)
+    stop = reference.text.split()[3]
+    target, draft = graphed_pair(base, gammas=(2,))
+    for d in (draft, None):
+        stopped = specdec.generate(target, PROMPT, draft=d, gamma=2, max_new_tokens=N_NEW, stop=[stop])
+        assert stopped.stats.stop_reason == "stop" and stopped.stats.rounds_chained >= 1
+        assert reference.token_ids[: len(stopped.token_ids)] == stopped.token_ids
+        again = specdec.generate(target, PROMPT, draft=d, gamma=2, max_new_tokens=N_NEW)
+        assert again.token_ids == reference.token_ids
 
 
 def test_any_drafters_greedy_proposal_is_verified_in_a_graph(emulated_graphs):
@@ -84,13 +124,13 @@ def test_any_drafters_greedy_proposal_is_verified_in_a_graph(emulated_graphs):
     reference = specdec.generate(static(base), PROMPT, max_new_tokens=N_NEW).token_ids
     target, draft = captured(base), captured(perturbed(base, 0.05))
     drafts = ["prompt-lookup", [draft, "prompt-lookup"], "random"]
-    prepare_steps(target, drafts, [1, 2, 3, 4], 64)  # the budget cuts the last rounds short
+    prepare_steps(target, drafts, [4], 64)  # the last rounds, cut short by the budget, replay the gamma-4 graph
     for d in drafts:
         out = specdec.generate(target, PROMPT, draft=d, gamma=4, max_new_tokens=N_NEW)
         assert out.token_ids == reference, d
-        assert out.stats.rounds_per_step == 1 and out.stats.rounds_graphed == out.stats.target_calls - 1, d
+        assert out.stats.rounds_per_step == 0 and out.stats.rounds_graphed == out.stats.target_calls, d
     lookup = specdec.generate(target, PROMPT * 3, draft="prompt-lookup", gamma=4, max_new_tokens=N_NEW)
-    assert lookup.stats.accepted > 0 and lookup.stats.rounds_per_step == 1  # proposals accepted inside the graph
+    assert lookup.stats.accepted > 0 and lookup.stats.rounds_per_step == 0  # proposals accepted inside the graph
 
 
 def test_rounds_outside_the_plan_run_step_by_step(emulated_graphs):
@@ -108,6 +148,35 @@ def test_rounds_outside_the_plan_run_step_by_step(emulated_graphs):
     assert sampled.stats.rounds_graphed == 0  # the plan captured greedy rounds only
 
 
+@pytest.mark.parametrize(("positions", "chunks"), [
+    (300, [(256, 256), (35, 64)]),  # capacity 332: 291 tokens, 512 does not fit
+    (520, [(511, 512)]),
+    (700, [(512, 512), (128, 128), (51, 64)]),  # capacity 732: after 512, a 256-wide chunk would run past it
+    (16, []),  # capacity 48: no prefill width fits, the prefill runs eagerly
+])
+def test_a_prepared_model_prefills_through_captured_chunks(positions, chunks, emulated_graphs, monkeypatch):
+    """The prompt (less its last token, which the first round feeds) runs through the captured prefill widths
+    that fit the capacity (positions + the widest step): the narrowest that holds it, else chunks of the
+    widest; none fits a small capacity, and the prefill runs eagerly. The tokens are plain decoding's."""
+    from specdec.models import graphs
+
+    model = tiny_model("qwen2", eos=None)
+    model.config.max_position_embeddings = 1024  # room for prompts past the widest step
+    base = specdec.load(model, tokenizer=tiny_tokenizer(), name="tiny-qwen2-1k")
+    prompt = [(7 * i) % 90 + 5 for i in range(700)]
+    reference = specdec.generate(static(base), prompt[:positions - 8], max_new_tokens=6).token_ids
+    target = captured(base)
+    prepare_steps(target, [], [], positions)  # plain decoding's plan: its step, its round, the prefills
+    calls = []
+    real = graphs.CapturedPrefill.__call__
+    monkeypatch.setattr(graphs.CapturedPrefill, "__call__",
+                        lambda self, tokens, start: (calls.append((tokens.shape[0], self.width)), real(self, tokens, start))[1])
+    out = specdec.generate(target, prompt[:positions - 8], max_new_tokens=6)
+    assert out.token_ids == reference
+    assert calls == chunks
+    assert out.stats.rounds_graphed == 6 and out.stats.rounds_per_step == 0
+
+
 # -- the same draws, eager and replayed ---------------------------------------------------------------------------
 
 
@@ -119,6 +188,7 @@ def test_a_replayed_round_draws_what_the_eager_round_draws(emulated_graphs, monk
     assert all(out.stats.rounds_graphed >= 2 for out in replayed)
     # the same generations with each captured round computed eagerly from its inputs instead of replayed
     monkeypatch.setattr(round_graph.RoundGraph, "replay", lambda self, *inputs: (self.set_inputs(*inputs), self.run())[1])
+    monkeypatch.setattr(round_graph.RoundGraph, "replay_chained", lambda self: self.run())
     eager = [specdec.generate(target, PROMPT, seed=s, **options) for s in range(4)]
     assert [o.token_ids for o in replayed] == [o.token_ids for o in eager]
     assert len({tuple(o.token_ids) for o in replayed}) == 4  # the seed matters
@@ -126,20 +196,6 @@ def test_a_replayed_round_draws_what_the_eager_round_draws(emulated_graphs, monk
 
 
 # -- the distribution -----------------------------------------------------------------------------------------
-
-
-def from_the_first_round(monkeypatch):
-    """Generations whose first round is graphed too: the target's cache given back the prompt's last token, as
-    between any two rounds (normally the first token comes with the prefill, step by step)."""
-    real = decoding._prepare
-
-    def prepare(*args, **kwargs):
-        run = real(*args, **kwargs)
-        run.session.rollback(len(run.sequence) - 1)
-        run.carried = None
-        return run
-
-    monkeypatch.setattr(decoding, "_prepare", prepare)
 
 
 def graphed_joint(target, draft, n_runs):
@@ -158,18 +214,16 @@ def dist_target():
     return load_tiny(vocab=V, eos=None, sharp=2.0)
 
 
-def test_graphed_rounds_follow_the_target_distribution(dist_target, emulated_graphs, monkeypatch):
-    from_the_first_round(monkeypatch)
+def test_graphed_rounds_follow_the_target_distribution(dist_target, emulated_graphs):
     target, draft = captured(dist_target), captured(perturbed(dist_target, 1.0, seed=3))
-    prepare_steps(target, [draft], [1, 2, 3], 32, [SAMPLED])  # the budget cuts the last rounds to 2 and 1
+    prepare_steps(target, [draft], [3], 32, [SAMPLED])  # the last rounds replay it too, cut to the budget
     counts, graphed = graphed_joint(target, draft, 1500)
-    assert graphed == 1500  # every round of every run was one replayed graph (3 drafts decide the first tokens)
+    assert graphed == 1500  # every round of every run was one replayed graph, the first one too
     assert chi_square_pvalue(counts.numpy(), exact_joint(dist_target, SAMPLED).numpy()) > 1e-3
 
 
 def test_a_planted_bug_in_the_captured_acceptance_fails_the_distribution_test(dist_target, emulated_graphs,
                                                                              monkeypatch):
-    from_the_first_round(monkeypatch)
     real_verify = round_graph.verify
 
     def no_residual(logits, drafted, q, sampling, rng, *args):
@@ -178,7 +232,7 @@ def test_a_planted_bug_in_the_captured_acceptance_fails_the_distribution_test(di
 
     monkeypatch.setattr(round_graph, "verify", no_residual)
     target, draft = captured(dist_target), captured(perturbed(dist_target, 1.0, seed=3))
-    prepare_steps(target, [draft], [1, 2, 3], 32, [SAMPLED])  # the budget cuts the last rounds to 2 and 1
+    prepare_steps(target, [draft], [3], 32, [SAMPLED])
     counts, graphed = graphed_joint(target, draft, 1500)
     assert graphed == 1500
     assert chi_square_pvalue(counts.numpy(), exact_joint(dist_target, SAMPLED).numpy()) < 1e-3

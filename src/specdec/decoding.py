@@ -11,7 +11,8 @@ generate() = prepare, then rounds until done, then finish. Each round:
   6. EOS, stop strings, max_new_tokens and the context length end the loop.
 
 Invariant between rounds: the target's cache holds every token of ``sequence`` but the last one (before
-the first round: all of them, and ``carried`` holds the last one's logits).
+the first round: all of them, and ``carried`` holds the last one's logits; with CUDA graphs the prefill leaves
+out the last token, so the first round is a captured one too).
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ class _Run(RunState):
 
     session: Any  # the target's ModelSession
     clock: RoundClock
+    ahead: Any = None  # (round graph, its output slot): the next round, launched before this one was read
 
     def close(self) -> None:
         """Give every cache back to its model's pool: the target's and every draft level's."""
@@ -200,8 +202,12 @@ def _start(run: _Run, wall: Stopwatch) -> None:
         from specdec.constraints import Constraint
 
         run.constraint = Constraint(config.constraint, target, len(sequence), device)
-    # the whole sequence: its last position's logits give the first token (or verify the first draft)
-    run.carried = run.session.prefill(sequence)[None]  # [1, V]
+    if target.cuda_graphs and config.constraint is None and len(sequence) >= 2:
+        # all but the last token, as the draft does: the first round then runs like every other one (its graph
+        # feeds the last token), not step by step after a prefill that brought the first token's logits
+        run.session.prefill(sequence[:-1])
+    else:  # the whole sequence: its last position's logits give the first token (or verify the first draft)
+        run.carried = run.session.prefill(sequence)[None]  # [1, V]
     if drafter is not None:
         t0 = wall()
         source = prompt_ids if target.is_encoder_decoder else ()
@@ -223,13 +229,14 @@ def _round(run: _Run) -> None:
     config, drafter = run.config, run.drafter
     generated = len(run.sequence) - run.start_len
     # Never draft past the budget: n accepted + 1 target token must fit.
-    k = min(run.schedule.next_gamma(), run.limit - generated - 1) if drafter is not None else 0
+    wanted = run.schedule.next_gamma() if drafter is not None else 0
+    k = min(wanted, run.limit - generated - 1)
     length = len(run.sequence)
     carried, run.carried = run.carried, None
     # [1] the sequence's last token, which the target's cache lacks; [0] after the prefill (it cached them all)
     pending = run.ids[length - (carried is None): length]
     # the whole round as one captured graph, if planned (not under a constraint: its masks come from the host)
-    r = graphed_round(run, k) if carried is None and run.constraint is None else None
+    r = graphed_round(run, k, wanted) if carried is None and run.constraint is None else None
     if r is None:
         r = speculative_round(run.session, drafter, run.sequence, k, pending, config.sampling, run.generator,
                               run.clock, lenience=config.lenience, verification=config.verification, carried=carried,
@@ -239,7 +246,7 @@ def _round(run: _Run) -> None:
             run.constraint.commit()
             check_dead_end(run, r.new)
     run.stats.record_round(r)
-    run.ids[length: length + r.n + 1] = r.result.tokens[: r.n + 1]  # the round's tokens stay on the device
+    run.ids[length: length + len(r.new)] = r.result.tokens[: len(r.new)]  # the round's tokens stay on the device
     if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))

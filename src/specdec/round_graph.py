@@ -11,7 +11,11 @@ one function of static buffers:
       acceptance: :func:`specdec.acceptance.verify` (greedy, or speculative sampling: residual, bonus token)
       out [3 gamma + 2] float64: n, the round's tokens [gamma + 1], the betas [gamma], the drafts [gamma]
 
-and the host reads ``out`` once. Any other drafter (prompt lookup, n-grams, a hierarchy, another tokenizer)
+and the host reads ``out`` once. The round also leaves the next round's tail and start in its inputs, so with a
+constant gamma the next round is launched (:meth:`RoundGraph.replay_chained`) before this one is read: the
+device never waits for the host between rounds (``out`` goes to one of two slots, copied to pinned host memory
+without blocking, and the read waits for that copy alone). A generation that ends at a round leaves the round
+launched after it unused. Any other drafter (prompt lookup, n-grams, a hierarchy, another tokenizer)
 proposes on its own, and at temperature 0 its proposal is verified in a graph of the same form that takes the
 drafts as an input (``given``: [gamma] ids, -1 past the proposal, never equal to the target's choice). Random numbers come from :class:`~specdec.counter_random.PositionalRandom`
 keyed by the seed and L, so a replay draws what an eager run of the same function draws. gamma = 0 with no
@@ -24,9 +28,10 @@ in the last bits from the per-step path's, the output never does (it is verified
 
 The graphs are captured by :func:`prepare_rounds` (from :func:`specdec.decoding.prepare_steps`), one per
 (draft cache, gamma, sampling), kept on the target's cache and captured into the target's graph pool; a
-generation only replays them. A round outside that plan runs step by step as before: the first round (its
-token comes with the prefill), a gamma or a sampling not captured (a shorter round at the end of the budget),
-lenience, sampled block verification, the adaptive and confidence schedules (they read per-phase times or
+generation only replays them. With CUDA graphs the prefill leaves the prompt's last token to the first round,
+so that round is a captured one too, and a round the budget cuts short replays the graph of the schedule's
+gamma (its tokens past the budget dropped) when none of the shorter gamma was captured. A round outside that
+plan runs step by step as before: a gamma or a sampling not captured, lenience, sampled block verification, the adaptive and confidence schedules (they read per-phase times or
 stop the draft on the host), and every drafter but a model draft when sampling (its q would be an input too).
 ``GenerationStats.rounds_graphed`` and ``rounds_per_step`` count both. A model draft's graphed round is timed
 as one: its time counts as the target's (``time_target``), none of it as drafting.
@@ -77,8 +82,11 @@ class RoundGraph:
         self.seed = torch.zeros(1, dtype=torch.long, device=device)  # [1] static input
         self.draft_ids = torch.zeros(1, 1, dtype=torch.long, device=device)  # [1, 1] the drafted token fed back
         self.target_ids = torch.zeros(1, self.width, dtype=torch.long, device=device)  # [1, w] the verified tokens
+        self._next = torch.tensor([1, 2], device=device)  # [2] where the next tail sits in [tail, round's tokens]
         self.graph: Any = None
         self.out: torch.Tensor | None = None  # [3 gamma + 2] float64, rewritten by every replay
+        self.slots = (_Slot(3 * gamma + 2, device), _Slot(3 * gamma + 2, device))  # replays' outputs, alternately
+        self._slot = 0
 
     @torch.inference_mode()
     def run(self) -> torch.Tensor:
@@ -106,14 +114,22 @@ class RoundGraph:
         logits = self.target.step_function(self.target.hf_model, self.target_cache, self.target_ids, self.start - 1)
         drafted = tokens[1:]  # [gamma]
         result = verify(logits[: gamma + 1], drafted, torch.stack(qs) if qs else None, sampling, rng)
-        return torch.cat([result.n.reshape(1).double(), result.tokens.double(), result.betas.double(), drafted.double()])
+        out = torch.cat([result.n.reshape(1).double(), result.tokens.double(), result.betas.double(), drafted.double()])
+        # the next round's inputs, left for a replay launched before this one is read (chained): the sequence's
+        # last two tokens and its length after this round, L + n + 1 (a replay after set_inputs overwrites them)
+        n = result.n.reshape(1).long()  # [1]
+        sequence = torch.cat([self.tail[0], result.tokens])  # [gamma + 3]: positions L - 2 .. L + gamma
+        self.tail[0].copy_(sequence.index_select(0, n + self._next))
+        self.start.add_(n + 1)
+        return out
 
     def capture(self, pool: Any) -> None:
         """Warm up (on a side stream, at positions 0 .. gamma + width), then capture :meth:`run` into ``pool``."""
-        self.start.fill_(2)
         with graphs.side_stream():
             for _ in range(WARMUP_RUNS):
+                self.start.fill_(2)  # (each run advances it, as a chained replay would)
                 self.run()
+        self.start.fill_(2)
         self.graph, self.out = graphs.capture(self.run, pool)
 
     def replay(self, ids: torch.Tensor, length: int, seed: int, drafts: torch.Tensor | None = None) -> torch.Tensor:
@@ -124,6 +140,21 @@ class RoundGraph:
             self.graph.replay()
         return self.out
 
+    def replay_chained(self) -> torch.Tensor:
+        """Replay the round that follows the last one replayed, on the inputs that one left on the device (no
+        host input: it can be launched before the last one is read); ``out``, valid until the next replay."""
+        with torch.inference_mode():
+            self.graph.replay()
+        return self.out
+
+    def stash(self, out: torch.Tensor) -> "_Slot":
+        """Copy a replay's ``out`` into the next of two slots (on the device, then to the host without waiting),
+        so the next replay can be launched before this one is read."""
+        slot = self.slots[self._slot]
+        self._slot ^= 1
+        slot.fill(out)
+        return slot
+
     def set_inputs(self, ids: torch.Tensor, length: int, seed: int, drafts: torch.Tensor | None = None) -> None:
         """Fill the static inputs (device copies and fills: no host sync)."""
         if drafts is not None:
@@ -132,6 +163,29 @@ class RoundGraph:
         self.tail[0].copy_(ids[length - 2: length])
         self.start.fill_(length)
         self.seed.fill_(seed & MASK32)
+
+
+class _Slot:
+    """One replay's output: a device copy (what the loop's device views read) and a host copy (pinned on CUDA,
+    written by a copy that does not block); :meth:`read` waits for that copy alone, not for a later replay."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.device = torch.zeros(size, dtype=torch.float64, device=device)  # [3 gamma + 2]
+        on_cuda = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.float64, pin_memory=True) if on_cuda else self.device
+        self.event = torch.cuda.Event() if on_cuda else None
+
+    def fill(self, out: torch.Tensor) -> None:
+        self.device.copy_(out)
+        if self.event is not None:
+            self.host.copy_(self.device, non_blocking=True)
+            self.event.record()
+
+    def read(self) -> list[float]:
+        """The round's values on the host: its one synchronization."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 def planned_draft(drafter: Any) -> Any:
@@ -185,9 +239,18 @@ def _planned_positions(model: "LanguageModel", max_positions: int | None) -> int
     return model.capacity - MAX_GRAPH_WIDTH if model.capacity is not None else max_positions
 
 
-def _graph_for(run: Any, k: int) -> RoundGraph | None:
-    """The captured round that can run this round of ``run`` (a :class:`specdec.decoding._Run`), or None. A round
-    of given drafts is returned only when plain decoding's graph is there too (for a proposal that comes back empty)."""
+def _graph_for(run: Any, k: int, wanted: int) -> RoundGraph | None:
+    """The captured round that can run this round of ``run`` (a :class:`specdec.decoding._Run`), or None: that of
+    k drafts, else that of ``wanted`` (the schedule's gamma, more than the budget leaves: a whole round whose
+    tokens past the budget are dropped costs less than the same round step by step). A round of given drafts
+    is returned only when plain decoding's graph is there too (for a proposal that comes back empty)."""
+    graph = _graph_of(run, k)
+    if graph is None and 0 < k < wanted:
+        graph = _graph_of(run, wanted)
+    return graph
+
+
+def _graph_of(run: Any, k: int) -> RoundGraph | None:
     session, config, drafter = run.session, run.config, run.drafter
     rounds = getattr(getattr(session, "cache", None), "rounds", None)
     if not rounds or config.lenience < 1.0 or run.schedule.name not in GRAPHED_SCHEDULES:
@@ -214,29 +277,54 @@ def _graph_for(run: Any, k: int) -> RoundGraph | None:
     return graph
 
 
-def graphed_round(run: Any, k: int) -> Round | None:
-    """Run this round of ``run`` (k drafts; 0: a plain step) as its captured graph: one replay, one read-back.
-    None when no captured round fits (the caller runs it step by step)."""
-    graph = _graph_for(run, k)
+def _chainable(run: Any, graph: RoundGraph, length: int) -> bool:
+    """Whether the round after this one (at ``length``) can be launched now, before this one is read: a model
+    draft's round or a plain step (their next inputs are on the device), a constant gamma (no choice waits on
+    this round's acceptances), and room for it whatever this round accepts, in the budget and in both caches.
+    A generation that ends at this round (EOS, a stop string) leaves that one launched round unused."""
+    if graph.given or run.schedule.name != "constant" or (graph.gamma == 0) != (run.drafter is None):
+        return False
+    after = length + graph.gamma + 1  # the longest the sequence can be after this round
+    if after - run.start_len >= run.limit or after - 1 + graph.width > run.session.cache.capacity:
+        return False
+    return graph.draft_cache is None or after + graph.gamma <= graph.draft_cache.capacity
+
+
+def graphed_round(run: Any, k: int, wanted: int | None = None) -> Round | None:
+    """Run this round of ``run`` (k drafts, within the budget; 0: a plain step) as its captured graph: one
+    replay, one read-back. ``wanted``: the schedule's gamma (a round of that many drafts may run when none of
+    k is captured; its tokens are cut to the k + 1 the budget allows). None when no captured round fits (the
+    caller runs it step by step)."""
+    ahead, run.ahead = run.ahead, None
+    graph = _graph_for(run, k, k if wanted is None else wanted) if ahead is None else ahead[0]
     if graph is None:
         return None
     length = len(run.sequence)
-    t0 = run.clock.mark()
     proposal, draft_calls = None, 0
-    if graph.given:  # the drafter proposes as it always does; the graph verifies its ids
-        before = run.drafter.forward_passes
-        proposal = run.drafter.propose(run.sequence, k)
-        draft_calls = run.drafter.forward_passes - before
-        if len(proposal) == 0:
-            graph = run.session.cache.rounds[(None, 0, run.config.sampling)]
-    t1 = run.clock.mark()
+    if ahead is None:
+        t0 = run.clock.mark()
+        if graph.given:  # the drafter proposes as it always does; the graph verifies its ids
+            before = run.drafter.forward_passes
+            proposal = run.drafter.propose(run.sequence, k)
+            draft_calls = run.drafter.forward_passes - before
+            if len(proposal) == 0:
+                graph = run.session.cache.rounds[(None, 0, run.config.sampling)]
+        t1 = run.clock.mark()
+        slot = graph.stash(graph.replay(run.ids, length, run.stats.seed or 0, proposal.tokens if graph.given else None))
+        t2 = run.clock.mark()
+    else:  # launched during the last round, on the inputs it left; marks taken around its launch
+        _, slot, t1, t2 = ahead
+        t0 = t1
+        run.stats.rounds_chained += 1
+    if _chainable(run, graph, length):  # the next round goes to the device before this one is read
+        t3 = run.clock.mark()
+        run.ahead = (graph, graph.stash(graph.replay_chained()), t3, run.clock.mark())
+    values = slot.read()  # [3 gamma + 2]: the round's one synchronization
+    out = slot.device
     gamma = graph.gamma
-    out = graph.replay(run.ids, length, run.stats.seed or 0, proposal.tokens if graph.given else None)
-    values = out.tolist()  # [3 gamma + 2]: the round's one synchronization
-    t2 = run.clock.mark()
     n = int(values[0])
     g = len(proposal) if proposal is not None else gamma  # drafted tokens
-    new = [int(t) for t in values[1: n + 2]]
+    new = [int(t) for t in values[1: n + 2]][: k + 1]  # a round wider than the budget: cut to it
     betas = values[2 + gamma: 2 + gamma + min(n + 1, g)]
     run.session.advanced(length + n, passes=1, tokens=g + 1)  # it keeps the sequence and the accepted drafts
     if proposal is None and gamma > 0:  # a model draft's round: the graph drafted and the draft cache advanced
@@ -248,7 +336,7 @@ def graphed_round(run: Any, k: int) -> Round | None:
     run.stats.rounds_graphed += 1
     if proposal is None:
         proposal = Draft(out[2 * gamma + 2:].long())
-    # views of ``out`` (float64), read before the next replay: the loop copies the tokens into run.ids
+    # views of the slot (float64), valid until the replay after next: the loop copies the tokens into run.ids
     result = Verification(out[1: gamma + 2], out[0], out[gamma + 2: 2 * gamma + 2])
     return Round(proposal, result, new, n, betas, draft_calls, run.clock.seconds(t0, t1), run.clock.seconds(t1, t2))
 

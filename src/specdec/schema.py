@@ -45,7 +45,8 @@ STATS_SCHEMA = _object({
     "levels": {"type": "array", "items": {"type": "object"}},  # hierarchical drafting: one object per level
     "schedule": {"type": "object"},  # the gamma schedule's final state ({} without a draft)
     "rounds_graphed": {"type": "integer"},  # with CUDA graphs: rounds replayed as one captured graph (specdec.round_graph)
-    "rounds_per_step": {"type": "integer"},  # with CUDA graphs: rounds that ran step by step (the first, any off the plan)
+    "rounds_chained": {"type": "integer"},  # graphed rounds launched before the previous one was read
+    "rounds_per_step": {"type": "integer"},  # with CUDA graphs: rounds that ran step by step (any off the plan)
     "constraint": _object({  # structured output only (specdec.constraints)
         "kind": {"type": "string", "enum": ["json_schema", "regex", "grammar"]},
         "source": {"type": "string"},  # the schema (JSON text), the regex or the grammar

@@ -78,6 +78,7 @@ class GenerationStats(RoundTally):
     # step (the first one, whose token comes with the prefill, and any the capture plan does not cover)
     rounds_graphed: int = 0
     rounds_per_step: int = 0
+    rounds_chained: int = 0  # graphed rounds launched before the previous one was read (specdec.round_graph)
     # structured output (specdec.constraints): kind, source, complete (the text matches), masks computed and
     # their host time, and the grammar draft's forced tokens proposed / accepted; {} without a constraint
     constraint: dict[str, Any] = field(default_factory=dict)
@@ -132,6 +133,7 @@ class GenerationStats(RoundTally):
             "schedule": self.schedule,
             "rounds_graphed": self.rounds_graphed,
             "rounds_per_step": self.rounds_per_step,
+            "rounds_chained": self.rounds_chained,
             **({"constraint": self.constraint} if self.constraint else {}),
         }
 

@@ -17,7 +17,15 @@ import torch
 from specdec.devices import module_device
 from specdec.errors import SpecDecError
 from specdec.models import graphs
-from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, buckets_up_to, compiled_step, static_step
+from specdec.models.graphs import (
+    MAX_GRAPH_WIDTH,
+    PREFILL_BUCKETS,
+    CapturedPrefill,
+    CapturedStep,
+    buckets_up_to,
+    compiled_step,
+    static_step,
+)
 from specdec.models.interface import Model
 from specdec.models.kv_cache import cache_keyword
 from specdec.models.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
@@ -187,7 +195,8 @@ class LanguageModel(Model):
         ``compile``, compiled), largest first into one memory pool. Later generations of up to
         ``max_positions`` positions replay these graphs and capture nothing, so no capture (a compilation
         takes tens of seconds) lands inside a timed or waited-for generation; a longer one, or a wider
-        step, runs eagerly. Returns the captured buckets; a no-op without CUDA graphs."""
+        step, runs eagerly. The prefill widths (``PREFILL_BUCKETS`` within the capacity) are captured too,
+        not compiled: prompts run through them in chunks. Returns the captured buckets; a no-op without CUDA graphs."""
         if not self.cuda_graphs:
             return []
         positions = max_positions or self.max_context or MIN_CAPACITY
@@ -202,7 +211,13 @@ class LanguageModel(Model):
         session = StaticSession(self, positions)
         session.cache.prepared = False  # until every bucket is captured
         try:
-            session.prefill([0])  # one position: steps run at positions >= 1 (the prefill is never captured)
+            session.prefill([0])  # one position (eager, allocates the buffers): steps run at positions >= 1
+            cache = session.cache
+            for width in sorted((w for w in PREFILL_BUCKETS if w <= cache.capacity), reverse=True):
+                if width not in cache.prefills:  # widest first, like the steps: one pool, replays never overlap
+                    prefill = CapturedPrefill(self.hf_model, cache, width, self.graph_pool())
+                    prefill.capture()
+                    cache.prefills[width] = prefill
             for width in reversed(buckets):  # largest first: the narrower graphs reuse its pool memory
                 session.extend([0] * width, 1)
                 session.rollback(1)

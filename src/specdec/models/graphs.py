@@ -13,7 +13,9 @@ prepared model (:meth:`~specdec.models.causal.LanguageModel.prepare_steps`) fixe
 and captures the buckets up to its widest planned step (every bucket unless told), largest first, into
 one shared memory pool; after that nothing is ever captured in a generation: a step that has no graph
 (wider than the plan, a long catch-up; a generation longer than the prepared capacity) runs eagerly. An
-unprepared model captures a bucket on its first use. The prefill always runs eagerly.
+unprepared model captures a bucket on its first use. A prepared cache also holds captured prefill chunks
+(``PREFILL_BUCKETS``, the eager step captured, not compiled): a prompt, or a catch-up wider than every step
+bucket, that needs one row of logits runs through them; an unprepared cache prefills eagerly.
 
 Why not transformers' ``StaticCache`` with ``torch.compile(mode="reduce-overhead")``: its cache
 advances an internal length on every call (re-running a step at the same positions, which is
@@ -35,13 +37,17 @@ from specdec.models.static_cache import StaticKVCache
 WIDTH_BUCKETS = (1, 2, 4, 8, 16, 32)  # captured step widths; a narrower step runs padded in the next one
 MAX_GRAPH_WIDTH = WIDTH_BUCKETS[-1]  # wider steps (a long catch-up after plain steps, say) run eagerly
 WARMUP_RUNS = 2  # eager runs on a side stream before capture (cuBLAS workspaces, compilation)
+# prefill widths, captured (never compiled) by a prepared model: a prompt runs in chunks of these instead of an
+# eager pass (hundreds of kernel launches from Python: tens of ms a generation and a model on a GPU)
+PREFILL_BUCKETS = (64, 128, 256, 512)
 
 
 def static_step(hf_model: Any, cache: StaticKVCache, ids: torch.Tensor, start: torch.Tensor,
-                n_logits: int = 0) -> torch.Tensor:
+                n_logits: int | torch.Tensor = 0) -> torch.Tensor:
     """One forward pass of ``ids`` [1, w] at positions start + (0..w-1) (start: [1] long).
 
-    Returns logits [w, V] (all rows; the last ``n_logits`` only when n_logits > 0).
+    Returns logits [w, V] (all rows; the last ``n_logits`` only when n_logits > 0; the rows a [r] long tensor
+    names, [r, V], when it is one).
     """
     width = ids.shape[1]
     positions = start + torch.arange(width, device=ids.device)  # [w]
@@ -95,6 +101,56 @@ class CapturedStep:
             for _ in range(WARMUP_RUNS - 1):
                 self._run()
         self.graph, self.logits = capture(self._run, self.pool)
+
+
+class CapturedPrefill:
+    """A prefill chunk of up to ``width`` tokens on one cache, captured as a CUDA graph (the eager step, never
+    compiled: one capture per width, seconds): fill ``ids``/``start``/``last``, replay; logits [1, V] of the
+    chunk's last real token. The padding after it writes stale entries past the sequence (masked, overwritten)."""
+
+    def __init__(self, hf_model: Any, cache: StaticKVCache, width: int, pool: Any = None):
+        self.width, self.pool = width, pool
+        self.ids = torch.zeros(1, width, dtype=torch.long, device=cache.device)  # [1, w] static input
+        self.start = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static input
+        self.last = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static input: the last real row
+        self._args = (hf_model, cache)
+        self.graph: Any = None
+        self.logits: torch.Tensor | None = None  # [1, V] static output
+
+    def _run(self) -> torch.Tensor:
+        return static_step(*self._args, self.ids, self.start, self.last)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up and capture at positions 0.. (before any sequence uses the cache: what it writes is stale)."""
+        with side_stream():
+            for _ in range(WARMUP_RUNS):
+                self._run()
+        self.graph, self.logits = capture(self._run, self.pool)
+
+    def __call__(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Logits [1, V] after ``tokens`` [k <= w] written at positions start.. (a copy)."""
+        k = tokens.shape[0]
+        self.ids[0, :k].copy_(tokens)
+        self.start.fill_(start)
+        self.last.fill_(k - 1)
+        self.graph.replay()
+        return self.logits.clone()
+
+
+def prefill_chunks(cache: StaticKVCache, start: int, k: int) -> list[tuple[int, CapturedPrefill]]:
+    """How to feed k tokens from position ``start`` through the cache's captured prefills: [(tokens, graph)] in
+    order, each graph's padded width within the capacity; [] when they cannot cover all k (run eagerly)."""
+    plan: list[tuple[int, CapturedPrefill]] = []
+    while k > 0:
+        fits = sorted(w for w in cache.prefills if start + w <= cache.capacity)
+        if not fits:
+            return []
+        width = next((w for w in fits if w >= k), fits[-1])
+        chunk = min(k, width)
+        plan.append((chunk, cache.prefills[width]))
+        start, k = start + chunk, k - chunk
+    return plan
 
 
 @contextlib.contextmanager

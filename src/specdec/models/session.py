@@ -27,7 +27,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, graph_for, static_step
+from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, graph_for, prefill_chunks, static_step
 from specdec.models.kv_cache import cache_argument, preallocated_cache
 from specdec.models.static_cache import StaticKVCache
 
@@ -184,8 +184,16 @@ class StaticSession(ModelSession):
         k = int(ids.shape[0])
         if self.length + k > self.cache.capacity:
             raise ValueError(f"the static cache holds {self.cache.capacity} positions; {self.length + k} asked")
+        if self.model.cuda_graphs and n_logits == 1 and (self.length == 0 or k > MAX_GRAPH_WIDTH):
+            chunks = prefill_chunks(self.cache, self.length, k)  # [] on a cache never prepared: eager
+            if chunks:
+                start, logits = self.length, None
+                for size, prefill in chunks:
+                    logits = prefill(ids[start - self.length: start - self.length + size], start)  # [1, V]
+                    start += size
+                return logits
         step = None
-        if self.model.cuda_graphs and self.length > 0:  # the prefill (length 0) always runs eagerly
+        if self.model.cuda_graphs and self.length > 0:  # an unprepared cache's prefill (length 0) runs eagerly
             step = graph_for(self.cache, k, self.model.captured_step)
             if step is not None and self.length + step.width > self.cache.capacity:
                 step = None  # the padding would run past the buffers

@@ -76,6 +76,7 @@ class StaticKVCache(Cache):
         self.positions = torch.zeros(1, dtype=torch.long, device=device)  # [w]
         self._kv_index = torch.arange(capacity, device=device)  # [C]
         self.graphs: dict[int, Any] = {}  # bucket width -> captured step (specdec.models.graphs), tied to these buffers
+        self.prefills: dict[int, Any] = {}  # prefill width -> captured prefill chunk (graphs.CapturedPrefill)
         self.rounds: dict[Any, Any] = {}  # (draft cache id, gamma, sampling) -> captured round (specdec.round_graph)
         self.prepared = False  # True: its graphs were captured ahead (LanguageModel.prepare_steps); it captures no more
 
