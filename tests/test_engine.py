@@ -238,13 +238,19 @@ def test_adaptive_and_heuristic_schedules_on_the_static_engine(target):
         assert out.token_ids == plain.token_ids, schedule
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["", "fused"])  # fused: as the GPU path runs them
 @pytest.mark.parametrize("kind", ["qwen2", "gemma3"])  # Llama is Qwen2 without attention biases
-def test_the_fixed_width_step_compiles_as_one_graph_for_every_position(kind):
+def test_the_fixed_width_step_compiles_as_one_graph_for_every_position(kind, fused):
     """What ``compile=True`` on a GPU needs, checked where CI runs (inductor's CPU backend): the step
     traces as one graph (fullgraph: no graph break, no Python branch on a tensor's value), computes the
-    eager step's logits, and serves every position without recompiling (the position is an input)."""
+    eager step's logits, and serves every position without recompiling (the position is an input); with
+    the sibling projections fused too (specdec.models.fused_linear)."""
+    from specdec.models.fused_linear import fuse_siblings
+
     target = tiny_gemma3(sliding_window=4, eos=None) if kind == "gemma3" else load_tiny(kind, eos=None)
     model = static(target)
+    if fused:
+        fuse_siblings(model.hf_model)
     other_class = tiny_model("llama")  # built before compiling: a new model class changes transformers' globals
     torch._dynamo.reset()  # the other architecture's entry would count as a recompilation here
     step = torch.compile(static_step, dynamic=False, fullgraph=True)

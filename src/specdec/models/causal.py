@@ -29,6 +29,7 @@ from specdec.models.graphs import (
 from specdec.models.interface import Model
 from specdec.models.kv_cache import cache_keyword
 from specdec.models.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
+from specdec.models.fused_linear import fuse_siblings
 from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
 from specdec.text import fast_decoder, piece_bytes
 
@@ -91,7 +92,8 @@ class LanguageModel(Model):
         engine: "dynamic" (default on CPU: attention over exactly the filled cache) or "static"
           (default on CUDA: position-indexed buffers, fixed-shape steps).
         cuda_graphs: replay fixed-width steps as captured CUDA graphs (default: on CUDA with the
-          static engine; needs CUDA).
+          static engine; needs CUDA). Its float sibling projections are then fused, q/k/v and gate/up as
+          one GEMM each (:mod:`specdec.models.fused_linear`).
         compile: compile the step with inductor before capturing it (CUDA graphs only): faster
           steps, about a minute of compilation per step width and model.
         """
@@ -108,6 +110,8 @@ class LanguageModel(Model):
         if compile and not cuda_graphs:
             raise SpecDecError("compile=True compiles the captured CUDA-graph steps: it needs a CUDA device")
         self.engine, self.cuda_graphs, self.compile = engine, bool(cuda_graphs), bool(compile)
+        if self.cuda_graphs:  # batch-1 GPU steps are bound by kernel count: sibling projections as one GEMM each
+            fuse_siblings(self.hf_model)
         if self.block_invariant:
             from specdec.models.row_attention import use_row_attention
 
