@@ -133,6 +133,50 @@ def test_any_drafters_greedy_proposal_is_verified_in_a_graph(emulated_graphs):
     assert lookup.stats.accepted > 0 and lookup.stats.rounds_per_step == 0  # proposals accepted inside the graph
 
 
+def test_prompt_lookup_on_the_device_proposes_what_the_host_search_proposes():
+    """round_graph.device_lookup (inside a captured round) against drafters.find_continuation: random sequences
+    over small vocabularies (many repeats), every length from 1, k from 1 to 7, junk past the length."""
+    from specdec.drafters import find_continuation
+    from specdec.round_graph import device_lookup
+
+    gen = torch.Generator().manual_seed(0)
+    checked = found = 0
+    for trial in range(400):
+        vocab = 2 + trial % 7
+        length = 1 + trial % 40
+        buffer = torch.randint(0, vocab, (48,), generator=gen)  # [C]: entries past the length are junk
+        k = 1 + trial % 7
+        for ngrams in ((3, 1), (2, 2)):
+            expected = find_continuation(buffer[:length].tolist(), k, *ngrams)
+            got = device_lookup(buffer, torch.tensor([length]), k, *ngrams)
+            assert got.tolist() == expected + [-1] * (k - len(expected)), (buffer[:length].tolist(), k, ngrams)
+            checked, found = checked + 1, found + bool(expected)
+    assert checked == 800 and 200 < found < 800  # both outcomes, many times
+
+
+def test_prompt_lookup_rounds_are_searched_on_the_device_and_chained(emulated_graphs):
+    """Planned prompt lookup runs as one graph a round (its search inside it) and chains like a model draft's
+    rounds; it proposes and accepts what the host's search does, round by round, and gives plain tokens."""
+    base = load_tiny("llama", eos=None)
+    prompt = PROMPT * 3
+    reference = specdec.generate(static(base), prompt, max_new_tokens=N_NEW).token_ids
+    host_events = []
+    specdec.generate(static(base), prompt, draft="prompt-lookup", gamma=4, max_new_tokens=N_NEW,
+                     on_round=host_events.append)
+    target = captured(base)
+    prepare_steps(target, ["prompt-lookup"], [4], 64)
+    assert (round_graph.LOOKUP, 4, GREEDY) in target._caches[0][0].rounds
+    events = []
+    out = specdec.generate(target, prompt, draft="prompt-lookup", gamma=4, max_new_tokens=N_NEW, on_round=events.append)
+    assert out.token_ids == reference
+    assert out.stats.rounds_per_step == 0 and out.stats.rounds_graphed == out.stats.target_calls
+    assert out.stats.rounds_chained >= 2 and out.stats.accepted > 0
+    # round by round the same proposals and acceptances (the last rounds aside: the host proposes within the
+    # budget, the graph its whole gamma, cut afterwards)
+    pairs = [(e.drafted, e.accepted) for e in events]
+    assert len(pairs) >= 5 and pairs[:-2] == [(e.drafted, e.accepted) for e in host_events][: len(pairs) - 2]
+
+
 def test_rounds_outside_the_plan_run_step_by_step(emulated_graphs):
     base = load_tiny("qwen2", eos=None)
     reference = specdec.generate(static(base), PROMPT, max_new_tokens=N_NEW).token_ids

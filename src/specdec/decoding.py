@@ -30,7 +30,8 @@ from specdec.drafters.forced import with_forced
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
-from specdec.round_graph import graphed_round, prepare_steps  # noqa: F401 (prepare_steps: its public home)
+from specdec.capture_plan import prepare_steps  # noqa: F401 (its public home)
+from specdec.round_graph import graphed_round
 from specdec.rounds import check_dead_end, speculative_round
 from specdec.run_state import (  # noqa: F401 (re-exported: their public home was here)
     GenerationOutput,

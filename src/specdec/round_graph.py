@@ -11,8 +11,11 @@ one function of static buffers:
       acceptance: :func:`specdec.acceptance.verify` (greedy, or speculative sampling: residual, bonus token)
       out [3 gamma + 2] float64: n, the round's tokens [gamma + 1], the betas [gamma], the drafts [gamma]
 
-and the host reads ``out`` once. The round also leaves the next round's tail and start in its inputs, so with a
-constant gamma the next round is launched (:meth:`RoundGraph.replay_chained`) before this one is read: the
+and the host reads ``out`` once. Prompt lookup (its default n-grams, greedy) is searched inside the graph
+(:func:`device_lookup`, over a device copy of the sequence that each round extends), so its rounds need
+nothing from the host either. The round also leaves the next round's tail and start in its inputs, so with a
+constant gamma the next round of a model draft, prompt lookup or plain decoding is launched
+(:meth:`RoundGraph.replay_chained`) before this one is read: the
 device never waits for the host between rounds (``out`` goes to one of two slots, copied to pinned host memory
 without blocking, and the read waits for that copy alone). A generation that ends at a round leaves the round
 launched after it unused. Any other drafter (prompt lookup, n-grams, a hierarchy, another tokenizer)
@@ -26,7 +29,7 @@ cache lacks), so one graph serves every round, and the draft's cache is rolled b
 Re-feeding a cached token rewrites its key and value with what a 2-token pass computes: the drafts may differ
 in the last bits from the per-step path's, the output never does (it is verified).
 
-The graphs are captured by :func:`prepare_rounds` (from :func:`specdec.decoding.prepare_steps`), one per
+The graphs are captured by :func:`specdec.capture_plan.prepare_rounds` (from :func:`specdec.capture_plan.prepare_steps`), one per
 (draft cache, gamma, sampling), kept on the target's cache and captured into the target's graph pool; a
 generation only replays them. With CUDA graphs the prefill leaves the prompt's last token to the first round,
 so that round is a captured one too, and a round the budget cuts short replays the graph of the schedule's
@@ -39,7 +42,7 @@ as one: its time counts as the target's (``time_target``), none of it as draftin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,8 +50,9 @@ from specdec.acceptance import Verification, verify
 from specdec.counter_random import MASK32, PositionalRandom
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter, draft_token
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.models import graphs
-from specdec.models.graphs import MAX_GRAPH_WIDTH, WARMUP_RUNS, bucket_for
+from specdec.models.graphs import WARMUP_RUNS, bucket_for
 from specdec.rounds import Round
 from specdec.sampling import SamplingParams
 
@@ -65,17 +69,25 @@ class RoundGraph:
     """One round of ``draft`` (None: a plain step, gamma 0) at ``gamma`` under ``sampling``, on two static caches."""
 
     def __init__(self, target: "LanguageModel", target_cache: "StaticKVCache", draft: "LanguageModel | None",
-                 draft_cache: "StaticKVCache | None", gamma: int, sampling: SamplingParams, given: bool = False):
-        if given and (draft is not None or not sampling.greedy or gamma == 0):
-            raise ValueError("a round graph of given drafts verifies gamma >= 1 ids at temperature 0, without a model")
-        if not given and (draft is None) != (gamma == 0):
+                 draft_cache: "StaticKVCache | None", gamma: int, sampling: SamplingParams, given: bool = False,
+                 lookup: tuple[int, int] | None = None):
+        if (given or lookup) and (draft is not None or not sampling.greedy or gamma == 0):
+            raise ValueError("a round graph of given or looked-up drafts verifies gamma >= 1 ids at temperature 0, "
+                             "without a model")
+        if given and lookup:
+            raise ValueError("a round graph's drafts are given or looked up, not both")
+        if not (given or lookup) and (draft is None) != (gamma == 0):
             raise ValueError("a round graph drafts gamma >= 1 tokens with a draft model, or is a plain step (gamma 0)")
         self.width = bucket_for(gamma + 1)  # the target's pass, padded to its bucket (the per-step graphs' shapes)
         if self.width is None:
             raise ValueError(f"gamma {gamma} verifies {gamma + 1} tokens, wider than the widest graph")
         device = target_cache.device
         self.target, self.target_cache, self.draft, self.draft_cache = target, target_cache, draft, draft_cache
-        self.gamma, self.sampling, self.given = gamma, sampling, given
+        self.gamma, self.sampling, self.given, self.lookup = gamma, sampling, given, lookup
+        # lookup: the sequence on the device, [C] static (set from the loop's ids at a launch from the host, then
+        # extended by each round with its tokens), and prompt lookup's (max_ngram, min_ngram) run on it
+        self.sequence = torch.zeros(target_cache.capacity if lookup else 0, dtype=torch.long, device=device)
+        self._written = torch.arange(gamma + 1, device=device)  # [gamma + 1] a round's positions past L
         self.drafts = torch.full((gamma,), -1, dtype=torch.long, device=device)  # [gamma] static input when given
         self.tail = torch.zeros(1, 2, dtype=torch.long, device=device)  # [1, 2] static input: the last two tokens
         self.start = torch.zeros(1, dtype=torch.long, device=device)  # [1] static input: the sequence length L
@@ -97,6 +109,8 @@ class RoundGraph:
         qs: list[torch.Tensor] = []  # [V] each (sampling)
         if self.given:
             drafts = [self.drafts]
+        elif self.lookup:
+            drafts = [device_lookup(self.sequence, self.start, gamma, *self.lookup)]
         elif gamma:
             draft = self.draft
             logits = draft.step_function(draft.hf_model, self.draft_cache, self.tail, self.start - 2)[-1]  # [V']
@@ -120,6 +134,8 @@ class RoundGraph:
         n = result.n.reshape(1).long()  # [1]
         sequence = torch.cat([self.tail[0], result.tokens])  # [gamma + 3]: positions L - 2 .. L + gamma
         self.tail[0].copy_(sequence.index_select(0, n + self._next))
+        if self.lookup:  # the round's tokens at L .. L + gamma (those past L + n are overwritten by later rounds)
+            self.sequence.index_copy_(0, self.start + self._written, result.tokens.long())
         self.start.add_(n + 1)
         return out
 
@@ -161,6 +177,9 @@ class RoundGraph:
             self.drafts[: drafts.shape[0]].copy_(drafts)
             self.drafts[drafts.shape[0]:].fill_(-1)
         self.tail[0].copy_(ids[length - 2: length])
+        if self.lookup:
+            size = min(ids.shape[0], self.sequence.shape[0])
+            self.sequence[:size].copy_(ids[:size])
         self.start.fill_(length)
         self.seed.fill_(seed & MASK32)
 
@@ -188,55 +207,40 @@ class _Slot:
         return self.host.tolist()
 
 
+def device_lookup(sequence: torch.Tensor, length: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
+    """Prompt lookup on the device, for a captured round: what :func:`~specdec.drafters.find_continuation` proposes
+    for ``sequence[:length]`` (the last n tokens' most recent earlier occurrence, n = max_ngram down to min_ngram;
+    up to k tokens that followed it), as [k] long padded with -1, with no host read.
+
+    sequence: [C] long (entries from ``length`` on are ignored); length: [1] long."""
+    capacity = sequence.shape[0]
+    index = torch.arange(capacity, device=sequence.device)  # [C] where a window starts
+    start = torch.full_like(length, -1)  # [1] where the continuation starts (-1: no match yet)
+    for n in range(max_ngram, min_ngram - 1, -1):  # the longest suffix that matches wins
+        match = index + n <= length - 1  # [C] windows that end before the last token
+        for j in range(n):
+            suffix = sequence[(length - n + j).clamp_min(0)]  # [1] the suffix's j-th token
+            match &= sequence[(index + j).clamp_max(capacity - 1)] == suffix
+        last = torch.where(match, index, -1).amax().reshape(1)  # [1] the most recent occurrence, or -1
+        start = torch.where((start < 0) & (last >= 0), last + n, start)
+    positions = start + torch.arange(k, device=sequence.device)  # [k]
+    found = (start >= 0) & (positions < length)  # the continuation stops at the sequence's end
+    return torch.where(found, sequence[positions.clamp(0, capacity - 1)], -1)
+
+
+LOOKUP = "lookup"  # the plan's name for prompt lookup searched inside the graph (greedy; its rounds chain)
+LOOKUP_NGRAMS = (3, 1)  # the (max_ngram, min_ngram) captured: the drafter's defaults (others run as GIVEN would not)
+
+
 def planned_draft(drafter: Any) -> Any:
-    """What a drafter's rounds are captured as: its model (a model draft, drafted inside the graph) or ``GIVEN``
-    (any other drafter: it proposes, the graph verifies its ids)."""
-    return drafter.model if type(drafter) is ModelDrafter else GIVEN
-
-
-def prepare_rounds(target: "LanguageModel", plan: Sequence[tuple[Any, int]], samplings: Sequence[SamplingParams],
-                   max_positions: int | None) -> None:
-    """Capture a round graph for every (draft model, ``GIVEN`` or None, gamma) of ``plan`` (:func:`planned_draft`)
-    and every sampling (given drafts: greedy only), on the caches that later generations of up to
-    ``max_positions`` positions take (after each model's ``prepare_steps``). A round captured already is kept."""
-    if not target.cuda_graphs:
-        return
-    session, _ = target.start([0], _planned_positions(target, max_positions))
-    cache = session.cache
-
-    def ensure(key: tuple[Any, int, SamplingParams], *args: Any, given: bool = False) -> None:
-        gamma = key[1]
-        if key not in cache.rounds and bucket_for(gamma + 1) is not None:
-            graph = RoundGraph(target, cache, *args, gamma, key[2], given=given)
-            graph.capture(target.graph_pool())
-            cache.rounds[key] = graph
-
-    try:
-        for draft in dict.fromkeys(d for d, _ in plan):
-            gammas = sorted({g for d, g in plan if d is draft})
-            if draft is GIVEN:
-                for gamma in gammas if GREEDY in samplings else ():
-                    ensure((GIVEN, gamma, GREEDY), None, None, given=True)
-                continue
-            if draft is not None and not draft.cuda_graphs:
-                continue
-            draft_session = draft.start([0], _planned_positions(draft, max_positions))[0] if draft is not None else None
-            draft_cache = draft_session.cache if draft_session is not None else None
-            try:
-                for gamma in gammas:
-                    for sampling in dict.fromkeys(samplings):
-                        ensure((id(draft_cache) if draft_cache is not None else None, gamma, sampling), draft, draft_cache)
-            finally:
-                if draft_session is not None:
-                    draft_session.close()
-    finally:
-        session.close()
-
-
-def _planned_positions(model: "LanguageModel", max_positions: int | None) -> int | None:
-    """The positions of the caches ``model.prepare_steps`` fixed (so the rounds are captured on the caches later
-    generations take), or ``max_positions`` for a model never prepared."""
-    return model.capacity - MAX_GRAPH_WIDTH if model.capacity is not None else max_positions
+    """What a drafter's rounds are captured as: its model (a model draft, drafted inside the graph), ``LOOKUP``
+    (prompt lookup over the sequence alone: searched inside the graph) or ``GIVEN`` (any other drafter: it
+    proposes, the graph verifies its ids)."""
+    if type(drafter) is ModelDrafter:
+        return drafter.model
+    if type(drafter) is PromptLookupDrafter:
+        return LOOKUP
+    return GIVEN
 
 
 def _graph_for(run: Any, k: int, wanted: int) -> RoundGraph | None:
@@ -261,7 +265,12 @@ def _graph_of(run: Any, k: int) -> RoundGraph | None:
     if length < 2 or session.length != length - 1:
         return None
     key: tuple[Any, int, SamplingParams] = (None, 0, config.sampling)
-    if k > 0 and planned_draft(drafter) is not GIVEN:
+    planned = planned_draft(drafter) if k > 0 else None
+    if planned is LOOKUP:
+        if not config.sampling.greedy or (drafter.max_ngram, drafter.min_ngram) != LOOKUP_NGRAMS:
+            return None
+        key = (LOOKUP, k, config.sampling)
+    elif k > 0 and planned is not GIVEN:
         draft_session = drafter.session
         draft_cache = getattr(draft_session, "cache", None)
         if draft_cache is None or not length - 2 <= draft_session.length <= length or length + k > draft_cache.capacity:
@@ -279,7 +288,7 @@ def _graph_of(run: Any, k: int) -> RoundGraph | None:
 
 def _chainable(run: Any, graph: RoundGraph, length: int) -> bool:
     """Whether the round after this one (at ``length``) can be launched now, before this one is read: a model
-    draft's round or a plain step (their next inputs are on the device), a constant gamma (no choice waits on
+    draft's round, a looked-up one or a plain step (their next inputs are on the device), a constant gamma (no choice waits on
     this round's acceptances), and room for it whatever this round accepts, in the budget and in both caches.
     A generation that ends at this round (EOS, a stop string) leaves that one launched round unused."""
     if graph.given or run.schedule.name != "constant" or (graph.gamma == 0) != (run.drafter is None):
@@ -323,57 +332,24 @@ def graphed_round(run: Any, k: int, wanted: int | None = None) -> Round | None:
     out = slot.device
     gamma = graph.gamma
     n = int(values[0])
-    g = len(proposal) if proposal is not None else gamma  # drafted tokens
+    if proposal is not None:
+        g = len(proposal)  # drafted tokens
+    elif graph.lookup:  # a looked-up proposal: -1 past its end
+        g = sum(1 for t in values[2 * gamma + 2:] if t >= 0)
+    else:
+        g = gamma
     new = [int(t) for t in values[1: n + 2]][: k + 1]  # a round wider than the budget: cut to it
     betas = values[2 + gamma: 2 + gamma + min(n + 1, g)]
     run.session.advanced(length + n, passes=1, tokens=g + 1)  # it keeps the sequence and the accepted drafts
-    if proposal is None and gamma > 0:  # a model draft's round: the graph drafted and the draft cache advanced
+    if graph.draft is not None:  # a model draft's round: the graph drafted and the draft cache advanced
         run.drafter.session.advanced(length + n - 1, passes=gamma, tokens=1)  # the next round re-feeds the last two
         run.drafter.forget_proposal()
         draft_calls = gamma
-    elif run.drafter is not None:  # given drafts, or a plain step of a drafting generation (as step by step)
+    elif run.drafter is not None:  # given or looked-up drafts, or a plain step of a drafting generation
         run.drafter.update(n)
     run.stats.rounds_graphed += 1
     if proposal is None:
-        proposal = Draft(out[2 * gamma + 2:].long())
+        proposal = Draft(out[2 * gamma + 2: 2 * gamma + 2 + g].long())
     # views of the slot (float64), valid until the replay after next: the loop copies the tokens into run.ids
     result = Verification(out[1: gamma + 2], out[0], out[gamma + 2: 2 * gamma + 2])
     return Round(proposal, result, new, n, betas, draft_calls, run.clock.seconds(t0, t1), run.clock.seconds(t1, t2))
-
-
-def prepare_steps(target: "LanguageModel", drafts: Sequence[Any], gammas: Sequence[int],
-                  max_positions: int | None = None,
-                  samplings: Sequence[SamplingParams] = (SamplingParams(),)) -> "list[LanguageModel]":
-    """With CUDA graphs, fix the capture plan of the target and of every model that generations with
-    ``drafts`` (each what ``generate(draft=...)`` takes; none: plain decoding) and these gammas run
-    (:meth:`LanguageModel.prepare_steps`: one cache capacity, ``max_positions``, and the width buckets up
-    to each model's widest step captured), so that no capture lands inside a timed or waited-for
-    generation. The target's widest step verifies gamma drafts after one token (gamma + 1; plain
-    decoding: 1); each drafter names the models it runs and their widths
-    (:meth:`~specdec.drafters.base.Drafter.step_widths`). Plain decoding's step and every model draft's
-    round at each gamma are also captured whole, per sampling in ``samplings`` (default: greedy), as one
-    graph each (:mod:`specdec.round_graph`). Returns the models prepared."""
-    import warnings
-
-    from specdec.drafters import plan_draft
-    from specdec.models.causal import LanguageModel
-
-    widest: dict[Any, int] = {target: 1}  # model -> its widest step
-    rounds: list[tuple[Any, int]] = [(None, 0)]  # (draft model, gamma) of the rounds captured whole; plain's step
-    for draft in drafts:
-        plan = plan_draft(draft).load(target)  # its models load once, not once per gamma
-        for gamma in gammas:
-            drafter = plan.build(target, inner_gamma=gamma)
-            if drafter is not None:
-                widest[target] = max(widest[target], gamma + 1)
-                rounds.append((planned_draft(drafter), gamma))
-                for model, widths in drafter.step_widths(gamma).items():
-                    widest[model] = max([widest.get(model, 1), *widths])
-    if target.cuda_graphs and drafts and max(gammas, default=0) + 1 > MAX_GRAPH_WIDTH:
-        warnings.warn(f"gamma {max(gammas)} verifies {max(gammas) + 1} tokens, wider than the largest captured step "
-                      f"({MAX_GRAPH_WIDTH}): those verifications run eagerly", RuntimeWarning, stacklevel=2)
-    prepared = [m for m in widest if isinstance(m, LanguageModel)]
-    for model in prepared:
-        model.prepare_steps(max_positions, widest[model])
-    prepare_rounds(target, rounds, samplings, max_positions)
-    return prepared
