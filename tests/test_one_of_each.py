@@ -84,8 +84,9 @@ def test_one_run_state_for_a_generation_and_a_batch_row():
         assert issubclass(cls, RunState)
         own = {f.name for f in dataclasses.fields(cls)} - shared
         assert not own & shared
-    # only what one engine needs is its own: the session and clock of a generation, a row's place in a batch
-    assert {f.name for f in dataclasses.fields(_Run)} - shared == {"session", "clock"}
+    # only what one engine needs is its own: the session and clock of a generation and the round it launched
+    # ahead (chained graphs), a row's place in a batch
+    assert {f.name for f in dataclasses.fields(_Run)} - shared == {"session", "clock", "ahead"}
     assert {f.name for f in dataclasses.fields(BatchRow)} - shared == {"draft", "proposed", "output", "error",
                                                                         "cancelled", "finish"}
 
