@@ -469,7 +469,8 @@ def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, mon
     monkeypatch.setattr(cli_serve, "load_models", lambda args, tokenizer=None: (target, draft))  # what load_served calls
     captures = []
     real_capture = graphs.CapturedStep._capture
-    monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(self.width) or real_capture(self))
+    monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(
+        (type(self).__name__, self.width)) or real_capture(self))  # steps and prefill chunks alike
     args = cli.build_parser().parse_args(["serve", "--target", "tiny", "--max-positions", "120", "--max-batch", "1"])
     words = " ".join(f"w{i % 10}" for i in range(60))
     bodies = [
@@ -482,8 +483,10 @@ def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, mon
     ]
     with TestClient(create_app(lambda: cli.load_served(args))) as http:
         wait_until(lambda: http.get("/health").status_code == 200, 60, "the server to be ready")
-        # before ready: every bucket of the target (a request may ask any gamma), the draft's one- and two-token steps
-        assert sorted(captures) == sorted([*WIDTH_BUCKETS, 1, 2])
+        # before ready: every bucket of the target (a request may ask any gamma), the draft's one- and two-token
+        # steps, and each model's prefill chunks within its capacity (120 + the widest step: 64 and 128 wide)
+        steps = [("CapturedStep", w) for w in (*WIDTH_BUCKETS, 1, 2)]
+        assert sorted(captures) == sorted(steps + [("CapturedPrefill", w) for w in (64, 128, 64, 128)])
         captures.clear()
         for body in bodies:
             path = "/v1/chat/completions" if "messages" in body else "/v1/completions"

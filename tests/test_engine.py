@@ -161,9 +161,10 @@ def test_after_prepare_no_generation_captures_anything(emulated_graphs, monkeypa
     from specdec.models import graphs
     from test_retokenized import byte_bpe, tiny_draft
 
-    captures = []
+    captures = []  # (kind, width) of every capture, steps and prefill chunks alike
     real_capture = graphs.CapturedStep._capture
-    monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(self.width) or real_capture(self))
+    monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(
+        (type(self).__name__, self.width)) or real_capture(self))
     base = load_tiny(eos=None)
     target = captured(base)
     close, far = captured(perturbed(base, 0.05)), captured(perturbed(base, 0.3, seed=4))
@@ -177,7 +178,10 @@ def test_after_prepare_no_generation_captures_anything(emulated_graphs, monkeypa
     # the buckets up to each model's widest step at gamma 4: verifying 5 tokens (the target; close and far as
     # levels that verify the level below), a model draft's 2, a retokenized draft's catch-up of 4
     plan = {target: [1, 2, 4, 8], close: [1, 2, 4, 8], far: [1, 2, 4, 8], bad: [1, 2], retokenized: [1, 2, 4]}
-    assert sorted(captures) == sorted(b for buckets in plan.values() for b in buckets)
+    # and each model's prefill chunks within its capacity (200 positions + the widest step: 64 and 128 wide)
+    expected = [("CapturedStep", b) for buckets in plan.values() for b in buckets]
+    expected += [("CapturedPrefill", w) for _ in plan for w in (64, 128)]
+    assert sorted(captures) == sorted(expected)
     captures.clear()
 
     long_prompt = (PROMPT * 12)[:90]  # longer than any prompt before

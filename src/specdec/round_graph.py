@@ -18,7 +18,8 @@ constant gamma the next round of a model draft, prompt lookup or plain decoding 
 (:meth:`RoundGraph.replay_chained`) before this one is read: the
 device never waits for the host between rounds (``out`` goes to one of two slots, copied to pinned host memory
 without blocking, and the read waits for that copy alone). A generation that ends at a round leaves the round
-launched after it unused. Any other drafter (prompt lookup, n-grams, a hierarchy, another tokenizer)
+launched after it unused. Any other drafter (prompt lookup with other n-grams, n-gram models, a hierarchy,
+another tokenizer)
 proposes on its own, and at temperature 0 its proposal is verified in a graph of the same form that takes the
 drafts as an input (``given``: [gamma] ids, -1 past the proposal, never equal to the target's choice). Random numbers come from :class:`~specdec.counter_random.PositionalRandom`
 keyed by the seed and L, so a replay draws what an eager run of the same function draws. gamma = 0 with no

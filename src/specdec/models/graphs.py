@@ -103,37 +103,28 @@ class CapturedStep:
         self.graph, self.logits = capture(self._run, self.pool)
 
 
-class CapturedPrefill:
+class CapturedPrefill(CapturedStep):
     """A prefill chunk of up to ``width`` tokens on one cache, captured as a CUDA graph (the eager step, never
     compiled: one capture per width, seconds): fill ``ids``/``start``/``last``, replay; logits [1, V] of the
     chunk's last real token. The padding after it writes stale entries past the sequence (masked, overwritten)."""
 
     def __init__(self, hf_model: Any, cache: StaticKVCache, width: int, pool: Any = None):
-        self.width, self.pool = width, pool
-        self.ids = torch.zeros(1, width, dtype=torch.long, device=cache.device)  # [1, w] static input
-        self.start = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static input
+        super().__init__(static_step, hf_model, cache, width, pool)
         self.last = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static input: the last real row
-        self._args = (hf_model, cache)
-        self.graph: Any = None
-        self.logits: torch.Tensor | None = None  # [1, V] static output
 
     def _run(self) -> torch.Tensor:
-        return static_step(*self._args, self.ids, self.start, self.last)
+        return self._step(*self._args, self.ids, self.start, self.last)  # [1, V]
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Warm up and capture at positions 0.. (before any sequence uses the cache: what it writes is stale)."""
-        with side_stream():
-            for _ in range(WARMUP_RUNS):
-                self._run()
-        self.graph, self.logits = capture(self._run, self.pool)
+        self._capture()
 
     def __call__(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Logits [1, V] after ``tokens`` [k <= w] written at positions start.. (a copy)."""
-        k = tokens.shape[0]
-        self.ids[0, :k].copy_(tokens)
+        self.last.fill_(tokens.shape[0] - 1)
+        self.ids[0, : tokens.shape[0]].copy_(tokens)
         self.start.fill_(start)
-        self.last.fill_(k - 1)
         self.graph.replay()
         return self.logits.clone()
 

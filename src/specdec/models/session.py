@@ -187,10 +187,10 @@ class StaticSession(ModelSession):
         if self.model.cuda_graphs and n_logits == 1 and (self.length == 0 or k > MAX_GRAPH_WIDTH):
             chunks = prefill_chunks(self.cache, self.length, k)  # [] on a cache never prepared: eager
             if chunks:
-                start, logits = self.length, None
+                done, logits = 0, None
                 for size, prefill in chunks:
-                    logits = prefill(ids[start - self.length: start - self.length + size], start)  # [1, V]
-                    start += size
+                    logits = prefill(ids[done: done + size], self.length + done)  # [1, V]
+                    done += size
                 return logits
         step = None
         if self.model.cuda_graphs and self.length > 0:  # an unprepared cache's prefill (length 0) runs eagerly
