@@ -127,13 +127,18 @@ def test_int8_decoding_passes_run_serial_outside_the_kernels(monkeypatch):
     model = int8_tiny("qwen2")
     seen: dict[str, list[int]] = {"ops": [], "kernels": []}
     model.hf_model.model.norm.register_forward_hook(lambda *a: seen["ops"].append(torch.get_num_threads()))
-    kernel = torch.ops.quantized.linear_dynamic
+    from specdec.models import int8_vnni
 
-    def spy(*args):
-        seen["kernels"].append(torch.get_num_threads())
-        return kernel(*args)
+    def spying(kernel):
+        def spy(*args, **kwargs):
+            seen["kernels"].append(torch.get_num_threads())
+            return kernel(*args, **kwargs)
+        return spy
 
-    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", spy, raising=False)
+    # whichever kernel the process runs: fbgemm's op, or the vnni / oneDNN weights' row call
+    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", spying(torch.ops.quantized.linear_dynamic), raising=False)
+    monkeypatch.setattr(int8_vnni.VnniWeight, "rows", spying(int8_vnni.VnniWeight.rows))
+    monkeypatch.setattr(int8_kernels.OnednnWeight, "rows", spying(int8_kernels.OnednnWeight.rows))
     seq = SEQ + SEQ[1:] + SEQ[1:]  # 121 tokens
     session, _ = model.start(seq, len(seq) + 8)
     for ids, wide in ((seq[:threads.SERIAL_WIDTH + 6], True), (seq[70:71], False), (seq[71:76], False)):
@@ -257,7 +262,7 @@ def test_the_kernel_is_chosen_once_and_checked(monkeypatch):
     try:
         monkeypatch.setenv(int8_kernels.ENV, "cublas")
         int8_kernels._chosen = None
-        with pytest.raises(specdec.SpecDecError, match="unknown int8 kernel 'cublas' .*use one of: onednn, fbgemm"):
+        with pytest.raises(specdec.SpecDecError, match="unknown int8 kernel 'cublas' .*use one of: vnni, onednn, fbgemm"):
             int8_kernels.chosen()
         monkeypatch.setenv(int8_kernels.ENV, KERNELS[-1])
         int8_kernels._chosen = None

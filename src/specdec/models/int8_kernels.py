@@ -9,13 +9,16 @@ for bit, which is what makes the int8 target block-invariant (k one-token steps 
   the kernel that Inductor's x86 int8 lowering calls). specdec quantizes each row itself, symmetric 8 bits:
   ``round(127 x / max|x|)``. oneDNN runs it on AMX tiles where the CPU has them, AVX-512 VNNI or AVX2
   elsewhere. No quantized tensors: it does not depend on torch's deprecated ``torch.ao`` quantized API.
+- ``vnni``: specdec's own GEMM for AVX-512 VNNI CPUs (:mod:`specdec.models.int8_vnni`, compiled on first use):
+  the oneDNN path's bits, with up to 8 rows computed per weight read, so a verification pass streams the
+  weights once, as a one-token step does.
 - ``fbgemm``: torch's dynamic int8 (``quantized.linear_dynamic``) with two pinned columns (+1, -1) that
   fix the quantization range of every row; 7-bit activations (``reduce_range``). Needs torch's
   quantized-tensor API (deprecated in torch 2.13, still present).
 
-The two compute different bits (8 against 7 bits per activation), so the choice is made once per process
+fbgemm computes other bits than the other two (7 against 8 bits per activation), so the choice is made once per process
 (:func:`chosen`), before the first int8 layer is built, and never changes: plain and speculative decoding
-of one process run the same kernel. ``SPECDEC_INT8_KERNEL=onednn|fbgemm`` overrides the choice; the default
+of one process run the same kernel. ``SPECDEC_INT8_KERNEL=vnni|onednn|fbgemm`` overrides the choice; the default
 per CPU kind is :data:`DEFAULT_BY_CPU` (measured: docs/int8_kernels.md).
 """
 
@@ -28,7 +31,7 @@ import torch
 
 from specdec.errors import SpecDecError
 
-KERNELS = ("onednn", "fbgemm")
+KERNELS = ("vnni", "onednn", "fbgemm")
 ENV = "SPECDEC_INT8_KERNEL"
 #: The kernel each CPU kind runs by default, keyed by the best instruction set that
 #: :func:`specdec.sweeps.machine.cpu_kind` names. On the AMX Xeon (2 threads, the 1.5B's layer shapes, weights
@@ -36,7 +39,10 @@ ENV = "SPECDEC_INT8_KERNEL"
 #: 1.61x) but 9% slower for one row, and whole one-token passes were slower with it (docs/int8_kernels.md):
 #: plain decoding and drafts run one-token passes, so fbgemm stays. The other kinds keep fbgemm until measured
 #: there; where fbgemm is missing (torch builds without it), oneDNN runs.
-DEFAULT_BY_CPU = {"AMX": "fbgemm", "AVX-512 BF16": "fbgemm", "AVX-512 VNNI": "fbgemm", "AVX-512": "fbgemm",
+#: specdec's vnni kernel, where the CPU has AVX-512 VNNI, streams the weights once for up to 8 rows and reads them
+#: faster than fbgemm for one row (the 1.5B's gate_up, 2 threads: 1.65 ms against 2.10 for 1 row, 1.93 against
+#: 3.56 for 8; docs/int8_kernels.md).
+DEFAULT_BY_CPU = {"AMX": "vnni", "AVX-512 BF16": "vnni", "AVX-512 VNNI": "vnni", "AVX-512": "fbgemm",
                   "AVX2 only": "fbgemm"}
 
 _chosen: str | None = None
@@ -44,7 +50,9 @@ _chosen: str | None = None
 
 def available() -> list[str]:
     """The kernels this torch build and CPU can run."""
-    out = []
+    from specdec.models import int8_vnni
+
+    out = ["vnni"] if int8_vnni.cpu_supported() else []
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise"):
         out.append("onednn")
     if "fbgemm" in torch.backends.quantized.supported_engines:
@@ -65,6 +73,12 @@ def check_kernel(name: str) -> str:
     if name not in available():
         raise SpecDecError(f"the int8 kernel {name!r} is not available in this torch build or on this CPU "
                            f"(available: {', '.join(available()) or 'none'}); unset {ENV} to use the default")
+    if name == "vnni":
+        from specdec.models import int8_vnni
+
+        error = int8_vnni.build_error()
+        if error is not None:
+            raise SpecDecError(f"{error}; or set {ENV}=fbgemm")
     return name
 
 
@@ -83,6 +97,16 @@ def chosen() -> str:
                                    "model without quantize=")
             preferred = default_kernel()
             _chosen = preferred if preferred in have else have[0]
+            if _chosen == "vnni":
+                from specdec.models import int8_vnni
+
+                error = int8_vnni.build_error()  # builds it on the machine's first use
+                if error is not None:
+                    fallback = "fbgemm" if "fbgemm" in have else next((k for k in have if k != "vnni"), None)
+                    if fallback is None:
+                        raise SpecDecError(error)
+                    warnings.warn(f"{error}: the int8 models run fbgemm's kernel instead", stacklevel=2)
+                    _chosen = fallback
     return _chosen
 
 

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from specdec.errors import SpecDecError
-from specdec.models import int8_kernels, threads
+from specdec.models import int8_kernels, int8_vnni, threads
 from specdec.models.int8_weights import DeferredQWeight, contiguous_q, quantize_weight, with_ints
 
 #: The pinned columns are padded so that K + pad is a multiple of this (fbgemm's K blocking; measured).
@@ -128,6 +128,8 @@ class Int8Linear(torch.nn.Module):
             raise SpecDecError(f"Int8Linear takes a qint8 weight, got {getattr(qweight, 'dtype', type(qweight))}")
         if self.kernel == "onednn":
             return int8_kernels.OnednnWeight(qweight)
+        if self.kernel == "vnni":
+            return int8_vnni.VnniWeight(qweight)
         pad = self.width - self.in_features
         padded = with_ints(qweight, torch.nn.functional.pad(qweight.int_repr(), (0, pad)))  # [out, width]
         with warnings.catch_warnings():
@@ -143,7 +145,7 @@ class Int8Linear(torch.nn.Module):
     def weight(self) -> torch.Tensor:
         """The quantized weight [out, in] (qint8), without the pinned columns."""
         self.wait_packed()
-        if self.kernel == "onednn":
+        if self.kernel in ("onednn", "vnni"):
             return self._packed.qweight()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -159,6 +161,10 @@ class Int8Linear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if x2.dtype != torch.float32:
             x2 = x2.float()
+        if self.kernel == "vnni":  # rows quantized in the kernel, bias added there: block-invariant (per_pass: not)
+            with threads.parallel_kernel():
+                y = self._packed.rows(x2, not self.pinned, self.bias)  # [M, N]
+            return y.reshape(*shape[:-1], self.out_features)
         if self.kernel == "onednn":  # rows quantized by specdec: block-invariant (per_pass: not)
             with threads.parallel_kernel():
                 y = self._packed.rows(x2, per_pass=not self.pinned)  # [M, N]

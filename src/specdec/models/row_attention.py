@@ -25,6 +25,12 @@ position would see, so every row and every one-token step run the same kernel on
 
 A one-token step goes through the same functions, so nothing changes for plain decoding but the cost of
 one Python call per layer. :func:`use_row_attention` switches a transformers model to them.
+
+Where the model's int8 layers run specdec's ``vnni`` kernel (:mod:`specdec.models.int8_vnni`), the rows go
+through that extension's attention instead of one SDPA call each: every query row of the pass in one call,
+each over its own keys, with arithmetic fixed in the extension (float32; a row's bits do not depend on what
+else shares the call). The choice is made once per model, from its layers' kernel, so a model's plain steps
+and verification passes always compute attention the same way. The prefill keeps the causal SDPA call.
 """
 
 from __future__ import annotations
@@ -47,12 +53,38 @@ except ImportError:  # pragma: no cover - an older transformers layout
 NAME = "specdec_rows"  # the attention implementation of the int8 models
 
 
+KERNEL_ATTRIBUTE = "_specdec_row_kernel"  # set on a model's modules by use_row_attention: the extension or None
+
+
+def _kernel(module: Any, query: torch.Tensor) -> Any:
+    """The extension whose row attention ``module`` runs (None: SDPA per row)."""
+    kernel = getattr(module, KERNEL_ATTRIBUTE, None)
+    return kernel if kernel is not None and query.dtype == torch.float32 and query.device.type == "cpu" else None
+
+
+def _rows(kernel: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: torch.Tensor,
+          ends: torch.Tensor, mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+    """Every query row of query [B, H, q, D] over keys [starts[b, i], ends[b, i]) of key/value [B, H_kv, L, D]
+    (mask: None or [B, q, L]) in one extension call; [B, q, H, D]."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if mask is not None and mask.dtype not in (torch.bool, torch.float32):
+        mask = mask.float()
+    return kernel.row_attention(query, key, value, starts, ends, mask, float(scale))
+
+
 def _row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-         scaling: float | None) -> torch.Tensor:
+         scaling: float | None, kernel: Any = None) -> torch.Tensor:
     """One query row query [B, H, 1, D] over key/value [B, H_kv, L, D] (mask: None or [B, 1, 1, L]);
     [B, H, D]. The query heads that share a key/value head attend together (as transformers' SDPA path
-    packs a one-token query): [B, H_kv, H / H_kv, D] against [B, H_kv, L, D]."""
+    packs a one-token query): [B, H_kv, H / H_kv, D] against [B, H_kv, L, D]. ``kernel``: the extension's
+    row attention instead (the same for every row)."""
     batch, heads, _, dim = query.shape
+    if kernel is not None:
+        length = key.shape[2]
+        starts = torch.zeros(batch, 1, dtype=torch.long)
+        ends = torch.full((batch, 1), length, dtype=torch.long)
+        line = mask.reshape(batch, 1, length) if mask is not None else None
+        return _rows(kernel, query, key, value, starts, ends, line, scaling)[:, 0]
     packed = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)
     out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(batch, heads, value.shape[-1])
@@ -112,7 +144,7 @@ def _batch(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             end = start + i + 1
             first = max(0, end - window) if window else 0
             out[b, i] = _row(query[b:b + 1, :, i:i + 1], key[b:b + 1, :, first:end], value[b:b + 1, :, first:end],
-                             None, kwargs.get("scaling"))[0]
+                             None, kwargs.get("scaling"), _kernel(module, query))[0]
     return out
 
 
@@ -132,12 +164,23 @@ def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
     spans = _BATCH_ROWS.get()
     if spans is not None:  # a ragged batch: every sequence as it runs alone (the mask is not needed)
         return _batch(module, query, key, value, spans, window, kwargs), None
+    kernel = _kernel(module, query)
     if attention_mask is not None:
+        if kernel is not None:
+            batch = query.shape[0]
+            starts = torch.zeros(batch, q, dtype=torch.long)
+            ends = torch.full((batch, q), length, dtype=torch.long)
+            mask = attention_mask[:, 0].expand(batch, q, length)  # [B, q, L]
+            return _rows(kernel, query, key, value, starts, ends, mask, scaling), None
         rows = [_row(query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
                 for i in range(q)]
         return _stack(rows), None
     if q == length and q > 1:  # a pass from position 0: the prefill, the usual causal kernel
         return _prefill(module, query, key, value, window, kwargs), None
+    if kernel is not None:  # every row at once, each over the keys of its own prefix (its window's)
+        ends = torch.arange(length - q + 1, length + 1).expand(query.shape[0], q)  # [B, q]
+        starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
+        return _rows(kernel, query, key, value, starts, ends, None, scaling), None
     rows = []
     for i in range(q):
         end = length - q + i + 1  # the keys of positions 0 .. the row's own
@@ -162,5 +205,16 @@ if AttentionMaskInterface is not None:
 
 
 def use_row_attention(hf_model: Any) -> None:
-    """Run ``hf_model``'s attention row by row (:func:`row_attention`)."""
+    """Run ``hf_model``'s attention row by row (:func:`row_attention`); through the ``vnni`` extension's attention
+    where its int8 layers run that kernel."""
+    from specdec.models.int8_linear import Int8Linear
+
+    kernels = {m.kernel for m in hf_model.modules() if isinstance(m, Int8Linear)}
+    kernel = None
+    if kernels == {"vnni"}:
+        from specdec.models import int8_vnni
+
+        kernel = int8_vnni.extension()
+    for module in hf_model.modules():
+        object.__setattr__(module, KERNEL_ATTRIBUTE, kernel)
     hf_model.set_attn_implementation(NAME)

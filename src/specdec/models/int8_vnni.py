@@ -1,0 +1,148 @@
+"""specdec's own int8 GEMM for CPUs with AVX-512 VNNI (``csrc/int8_vnni.cpp``): the ``vnni`` int8 kernel.
+
+fbgemm's int8 GEMM reads its weights once per few rows, so an 8-token verification pass of the int8 1.5B cost
+1.5-1.7x a one-token step on the AMX Xeon; oneDNN's AMX GEMM is flat in the rows but streams its weights at
+half fbgemm's rate in a pass (docs/int8_kernels.md). This kernel keeps up to 8 activation rows in registers
+while it streams a weight once, with ``vpdpbusd`` (AVX-512 VNNI) for the int8 products: a pass of gamma + 1
+tokens reads the weights once, as a one-token step does.
+
+Its bits are the oneDNN path's (:class:`specdec.models.int8_kernels.OnednnWeight`): each row quantized on its
+own to round(x * (1 / max|x|) * 127), exact int32 accumulation, output scaled elementwise,
+``(float(acc) * (w_scale / 127)) * row_scale + bias``. A row's output depends on its own input row only, so
+the int8 model stays block-invariant (tests/test_quantize.py, tests/test_int8_vnni.py).
+
+The extension is compiled on first use (about 40 s, once per machine; torch's extension cache keeps it,
+keyed by the source's hash) with the C++ compiler torch's extensions use. Without a compiler, or on a CPU
+without AVX-512 VNNI, the kernel is unavailable and :func:`specdec.models.int8_kernels.chosen` falls back to
+fbgemm, saying why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from specdec.errors import SpecDecError
+
+SOURCE = Path(__file__).parent / "csrc" / "int8_vnni.cpp"
+#: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
+GROUP, LANE = 32, 4
+QMAX = 127.0
+
+_lock = threading.Lock()
+_extension = None
+_failure: str | None = None
+
+
+def cpu_supported() -> bool:
+    """Whether this CPU has AVX-512 VNNI (Linux: /proc/cpuinfo's flags)."""
+    from specdec.sweeps.machine import _cpuinfo
+
+    flags = _cpuinfo()[1]
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= set(flags)
+
+
+def _name() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    return f"specdec_int8_vnni_{digest}"
+
+
+def extension():
+    """The compiled extension (built on the first call of the machine, then loaded from torch's cache)."""
+    global _extension, _failure
+    if _extension is not None:
+        return _extension
+    with _lock:
+        if _extension is None:
+            if _failure is not None:
+                raise SpecDecError(_failure)
+            if not cpu_supported():
+                _failure = "the vnni int8 kernel needs a CPU with AVX-512 VNNI; this one has none"
+                raise SpecDecError(_failure)
+            from torch.utils import cpp_extension
+
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    _extension = cpp_extension.load(
+                        _name(), [str(SOURCE)], extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
+                        extra_ldflags=["-fopenmp"], verbose=False)
+            except Exception as exc:  # no compiler, no ninja, a compile error
+                _failure = (f"could not build specdec's vnni int8 kernel ({type(exc).__name__}: "
+                            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}); it needs a C++ compiler "
+                            "and ninja (pip install ninja)")
+                raise SpecDecError(_failure) from None
+    return _extension
+
+
+def build_error() -> str | None:
+    """Why the kernel cannot run here (None: it can; this builds it if it was not built yet)."""
+    try:
+        extension()
+    except SpecDecError as exc:
+        return str(exc)
+    return None
+
+
+def pack(ints: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> the kernel's layout [ceil(N / 32), ceil(K / 4), 32, 4] (zero padding)."""
+    n, k = ints.shape
+    n_pad, k_pad = -(-n // GROUP) * GROUP, -(-k // LANE) * LANE
+    padded = torch.nn.functional.pad(ints, (0, k_pad - k, 0, n_pad - n))  # [N32, K4]
+    return padded.view(n_pad // GROUP, GROUP, k_pad // LANE, LANE).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The inverse of :func:`pack`: int8 [N, K]."""
+    groups, lanes = packed.shape[0], packed.shape[1]
+    return packed.permute(0, 2, 1, 3).reshape(groups * GROUP, lanes * LANE)[:n, :k].contiguous()
+
+
+class VnniWeight:
+    """A qint8 weight [out, in] (symmetric: zero points 0), packed for the vnni kernel with its scales."""
+
+    def __init__(self, qweight: torch.Tensor):
+        extension()  # fail here, at load time, not in the first forward pass
+        self.out_features, self.in_features = qweight.shape
+        self.per_channel = qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+        zero_points = qweight.q_per_channel_zero_points() if self.per_channel else torch.tensor([qweight.q_zero_point()])
+        if bool(zero_points.ne(0).any()):
+            raise SpecDecError("the vnni int8 kernel takes symmetric weights (zero points 0); use "
+                               "SPECDEC_INT8_KERNEL=fbgemm for this model")
+        scales = qweight.q_per_channel_scales() if self.per_channel else torch.tensor([qweight.q_scale()])
+        self._scales64 = scales.to(torch.float64)  # as stored (the qint8 weight given back)
+        # [N]: a quantized row's unit is 1 / QMAX (the oneDNN path's factor, computed the same way)
+        self.scales_per_q = scales.to(torch.float32).expand(self.out_features).contiguous() / QMAX
+        ints = qweight.int_repr()  # [N, K]
+        self.colsum128 = (ints.sum(dim=1, dtype=torch.int32) * 128).to(torch.int32).contiguous()  # [N]
+        self.packed = pack(ints)  # [N/32, K/4, 32, 4]
+
+    def qweight(self) -> torch.Tensor:
+        """The qint8 weight [out, in] back."""
+        ints = unpack(self.packed, self.out_features, self.in_features)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
+            if self.per_channel:
+                return torch._make_per_channel_quantized_tensor(
+                    ints, self._scales64, torch.zeros(self.out_features, dtype=torch.int64), 0)
+            return torch._make_per_tensor_quantized_tensor(ints, float(self._scales64[0]), 0)
+
+    def rows(self, x2: torch.Tensor, per_pass: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x2 [M, K] float32 -> [M, N] float32, bias added. ``per_pass``: one activation scale for the whole pass
+        (not block-invariant; for measurements)."""
+        return extension().rows(x2.contiguous(), self.packed, self.colsum128, self.scales_per_q, bias,
+                                self.out_features, per_pass)
+
+
+def main() -> int:
+    """Build the extension now (``make setup`` calls this, so no first generation waits for the compiler)."""
+    if not cpu_supported():
+        print("specdec's vnni int8 kernel: this CPU has no AVX-512 VNNI (the int8 models run fbgemm)")
+        return 0
+    error = build_error()
+    print(f"specdec's vnni int8 kernel: {error}" if error else "specdec's vnni int8 kernel: built and loaded")
+    return 0

@@ -1,0 +1,163 @@
+"""specdec's vnni int8 kernel (specdec.models.int8_vnni): exact against an integer reference, one row's output
+independent of the others (block invariance), the oneDNN path's bits, and the fallback when it cannot run.
+
+The kernel needs a CPU with AVX-512 VNNI; elsewhere these tests are skipped (the int8 models run fbgemm there,
+and tests/test_quantize.py tests every kernel the machine has)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import specdec
+from specdec.models import int8_kernels, int8_vnni
+from specdec.models.int8_weights import quantize_weight
+
+pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has no AVX-512 VNNI")
+
+
+def reference(x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None, per_pass: bool = False) -> torch.Tensor:
+    """The kernel's arithmetic in torch: rows quantized to round(x * (127 / max|x|)), int64 products, elementwise
+    scales ((float(acc) * (w_scale / 127)) * row_scale) + bias."""
+    tiny = torch.finfo(torch.float32).tiny
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_min(tiny)  # [M, 1]
+    if per_pass:
+        scale = scale.amax().expand_as(scale)
+    q = torch.round(x * (127.0 / scale)).long()  # [M, K]
+    acc = q @ qweight.int_repr().long().t()  # [M, N], exact
+    if qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        w_scale = qweight.q_per_channel_scales().float()
+    else:
+        w_scale = torch.tensor([qweight.q_scale()], dtype=torch.float32).expand(qweight.shape[0])
+    y = (acc.float() * (w_scale.contiguous() / 127.0)) * scale
+    return y + bias if bias is not None else y
+
+
+@pytest.mark.parametrize("n,k,per_channel", [(70, 33, True), (96, 64, True), (37, 130, False), (1000, 300, True)])
+def test_rows_are_exact_and_each_depends_on_its_own_input_only(n, k, per_channel):
+    torch.manual_seed(n + k)
+    qweight = quantize_weight(torch.randn(n, k), per_channel)
+    weight = int8_vnni.VnniWeight(qweight)
+    bias = torch.randn(n)
+    x = torch.randn(19, k) * torch.logspace(-2, 2, 19).unsqueeze(1)  # rows of very different ranges
+    for m in (1, 3, 8, 9, 19):  # one register block, a full one, a full one and one row, several
+        rows = x[:m].contiguous()
+        out = weight.rows(rows, bias=bias)
+        assert torch.equal(out, reference(rows, qweight, bias))
+        alone = torch.cat([weight.rows(rows[i:i + 1].contiguous(), bias=bias) for i in range(m)])
+        assert torch.equal(out, alone)
+    assert torch.equal(weight.rows(x, bias=None), reference(x, qweight, None))
+
+
+def test_per_pass_uses_one_scale_and_is_not_block_invariant():
+    torch.manual_seed(1)
+    qweight = quantize_weight(torch.randn(64, 48), True)
+    weight = int8_vnni.VnniWeight(qweight)
+    x = torch.randn(4, 48) * torch.tensor([[0.01], [1.0], [10.0], [100.0]])
+    out = weight.rows(x, per_pass=True)
+    assert torch.equal(out, reference(x, qweight, None, per_pass=True))
+    assert not torch.equal(out[:1], weight.rows(x[:1].contiguous(), per_pass=True))  # row 0 alone has its own scale
+
+
+def test_the_packing_gives_the_weight_back():
+    torch.manual_seed(2)
+    for n, k, per_channel in ((33, 7, True), (64, 64, False)):
+        qweight = quantize_weight(torch.randn(n, k), per_channel)
+        back = int8_vnni.VnniWeight(qweight).qweight()
+        assert torch.equal(back.int_repr(), qweight.int_repr())
+        assert back.qscheme() == qweight.qscheme()
+        packed = int8_vnni.pack(qweight.int_repr())
+        assert packed.shape == (-(-n // 32), -(-k // 4), 32, 4)
+        assert torch.equal(int8_vnni.unpack(packed, n, k), qweight.int_repr())
+
+
+@pytest.mark.skipif("onednn" not in int8_kernels.available(), reason="this torch build has no oneDNN int8 kernel")
+def test_the_bits_are_the_onednn_paths():
+    torch.manual_seed(3)
+    qweight = quantize_weight(torch.randn(200, 96), True)
+    ours, onednn = int8_vnni.VnniWeight(qweight), int8_kernels.OnednnWeight(qweight)
+    for m in (1, 5, 12):
+        x = torch.randn(m, 96) * 3
+        assert torch.equal(ours.rows(x), onednn.rows(x))
+
+
+def test_asymmetric_weights_are_refused_with_the_fix():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qweight = torch.quantize_per_tensor(torch.randn(8, 8), 0.05, 3, torch.qint8)
+    with pytest.raises(specdec.SpecDecError, match="zero points 0.*SPECDEC_INT8_KERNEL=fbgemm"):
+        int8_vnni.VnniWeight(qweight)
+
+
+def test_a_kernel_that_cannot_be_built_falls_back_to_fbgemm_and_says_so(monkeypatch):
+    if "fbgemm" not in int8_kernels.available():
+        pytest.skip("no fbgemm in this torch build")
+    before = int8_kernels._chosen
+    monkeypatch.delenv(int8_kernels.ENV, raising=False)
+    monkeypatch.setattr(int8_kernels, "default_kernel", lambda: "vnni")
+    monkeypatch.setattr(int8_vnni, "build_error", lambda: "could not build specdec's vnni int8 kernel (no compiler)")
+    try:
+        int8_kernels._chosen = None
+        with pytest.warns(UserWarning, match="no compiler.*fbgemm"):
+            assert int8_kernels.chosen() == "fbgemm"
+        monkeypatch.setenv(int8_kernels.ENV, "vnni")  # asked for by name: an error that names the way out
+        int8_kernels._chosen = None
+        with pytest.raises(specdec.SpecDecError, match="no compiler.*SPECDEC_INT8_KERNEL=fbgemm"):
+            int8_kernels.chosen()
+    finally:
+        int8_kernels._chosen = before
+
+
+def test_row_attention_gives_each_row_the_bits_it_gets_alone_and_sdpas_values():
+    """The extension's attention (the int8 models' with the vnni kernel): a block of query rows, each over the
+    keys of its own prefix (a sliding window's last keys for some), equals each row computed alone bit for bit,
+    and SDPA's attention to float32 rounding; a mask line (bool or additive) applies per row."""
+    ext = int8_vnni.extension()
+    torch.manual_seed(4)
+    b, h, h_kv, q, length, d = 2, 6, 2, 5, 70, 64
+    query, key, value = torch.randn(b, h, q, d), torch.randn(b, h_kv, length, d), torch.randn(b, h_kv, length, d)
+    ends = torch.arange(length - q + 1, length + 1).expand(b, q)  # [B, q]
+    starts = torch.tensor([[0] * q, [0, 3, 60, 0, 66]])  # row (1, 2) and (1, 4) in a window
+    out = ext.row_attention(query, key, value, starts, ends, None, d ** -0.5)  # [B, q, H, D]
+    for bi in range(b):
+        for i in range(q):
+            lo, hi = int(starts[bi, i]), int(ends[bi, i])
+            alone = ext.row_attention(query[bi:bi + 1, :, i:i + 1], key[bi:bi + 1, :, lo:hi], value[bi:bi + 1, :, lo:hi],
+                                      torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), hi - lo), None, d ** -0.5)
+            assert torch.equal(out[bi, i], alone[0, 0])
+            sdpa = torch.nn.functional.scaled_dot_product_attention(
+                query[bi:bi + 1, :, i:i + 1].reshape(1, h_kv, h // h_kv, d), key[bi:bi + 1, :, lo:hi],
+                value[bi:bi + 1, :, lo:hi]).reshape(h, d)
+            torch.testing.assert_close(out[bi, i], sdpa, atol=2e-6, rtol=1e-5)
+    full = (torch.zeros(b, q, dtype=torch.long), torch.full((b, q), length))
+    keep = torch.rand(b, q, length) > 0.4
+    masked = ext.row_attention(query, key, value, *full, keep, d ** -0.5)
+    additive = torch.zeros(b, q, length).masked_fill(~keep, float("-inf"))
+    assert torch.equal(masked, ext.row_attention(query, key, value, *full, additive, d ** -0.5))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(b, h_kv, h // h_kv * q, d).reshape(b, h_kv, h // h_kv, q, d).flatten(2, 3), key, value,
+        attn_mask=keep.repeat(1, h // h_kv, 1).unsqueeze(1))
+    torch.testing.assert_close(masked, sdpa.reshape(b, h_kv, h // h_kv, q, d).permute(0, 3, 1, 2, 4).reshape(b, q, h, d),
+                               atol=2e-6, rtol=1e-5)
+    nothing = ext.row_attention(query, key, value, *full, torch.zeros(b, q, length, dtype=torch.bool), d ** -0.5)
+    assert torch.equal(nothing, torch.zeros_like(nothing))  # no key to attend to: zeros
+    with pytest.raises(RuntimeError, match="float32"):
+        ext.row_attention(query.double(), key, value, *full, None, 1.0)
+
+
+def test_an_int8_model_on_the_vnni_kernel_runs_the_extensions_attention():
+    from specdec.models.row_attention import KERNEL_ATTRIBUTE
+    from test_quantize import int8_tiny
+
+    before = int8_kernels._chosen
+    try:
+        int8_kernels.use("vnni")
+        model = int8_tiny("qwen2")
+        assert getattr(model.hf_model.model.layers[0].self_attn, KERNEL_ATTRIBUTE) is int8_vnni.extension()
+        if "fbgemm" in int8_kernels.available():
+            int8_kernels.use("fbgemm")
+            assert getattr(int8_tiny("qwen2").hf_model.model.layers[0].self_attn, KERNEL_ATTRIBUTE) is None
+    finally:
+        int8_kernels._chosen = before
