@@ -4,9 +4,9 @@
     python scripts/int8_kernels.py --json docs/results/int8_kernels/amx.json
     ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python scripts/int8_kernels.py   # oneDNN as on a CPU without AMX
 
-Each kernel runs as Int8Linear runs it (specdec.models.int8_kernels): fbgemm's ``linear_dynamic`` on rows
-with the pinned columns, oneDNN's ``qlinear_pointwise`` on rows quantized by specdec, both including the
-row scaling. The weights of ``--layers`` distinct layers of one shape are cycled, so each call streams its
+Each kernel runs as Int8Linear runs it (specdec.models.int8_kernels): specdec's ``vnni`` extension (rows
+quantized inside it), fbgemm's ``linear_dynamic`` on rows with the pinned columns, oneDNN's
+``qlinear_pointwise`` on rows quantized by specdec, each including the row scaling. The weights of ``--layers`` distinct layers of one shape are cycled, so each call streams its
 weight from memory as a decoding pass does (one layer's weight stays in cache and flatters every kernel).
 bf16 ``F.linear`` (oneDNN, AMX where present) on the same shapes is the float reference. The kernels
 alternate call by call; the median of ``--reps`` rounds is printed.

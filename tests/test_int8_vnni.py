@@ -161,3 +161,12 @@ def test_an_int8_model_on_the_vnni_kernel_runs_the_extensions_attention():
             assert getattr(int8_tiny("qwen2").hf_model.model.layers[0].self_attn, KERNEL_ATTRIBUTE) is None
     finally:
         int8_kernels._chosen = before
+
+
+def test_an_avx2_capability_override_turns_the_kernel_off(monkeypatch):
+    """``ATEN_CPU_CAPABILITY=avx2`` (how issue 39 approximates an AVX2-only CPU): no vnni kernel, fbgemm."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert not int8_vnni.cpu_supported()
+    assert "vnni" not in int8_kernels.available()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
+    assert int8_vnni.cpu_supported()

@@ -39,9 +39,15 @@ _failure: str | None = None
 
 
 def cpu_supported() -> bool:
-    """Whether this CPU has AVX-512 VNNI (Linux: /proc/cpuinfo's flags)."""
+    """Whether this CPU has AVX-512 VNNI (Linux: /proc/cpuinfo's flags). ``ATEN_CPU_CAPABILITY`` set to something
+    below AVX-512 (``avx2``, ``default``: how an AVX2-only CPU is approximated on a bigger one) says no."""
+    import os
+
     from specdec.sweeps.machine import _cpuinfo
 
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if capability and not capability.startswith("avx512"):
+        return False
     flags = _cpuinfo()[1]
     return {"avx512f", "avx512bw", "avx512_vnni"} <= set(flags)
 
