@@ -122,6 +122,8 @@ class Int8Linear(torch.nn.Module):
         return cls.from_qweight(quantize_weight(weight, per_channel), bias)
 
     def _pack(self, qweight: torch.Tensor | DeferredQWeight):
+        if self.kernel == "vnni" and isinstance(qweight, DeferredQWeight):  # the mapped values, packed in one copy
+            return int8_vnni.VnniWeight.from_parts(qweight.parts, qweight.per_channel)
         if isinstance(qweight, DeferredQWeight):
             qweight = qweight.make()  # (on the packing thread: one weight copied at a time, not all at once)
         if not isinstance(qweight, torch.Tensor) or not qweight.is_quantized:

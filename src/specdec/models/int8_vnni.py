@@ -98,8 +98,8 @@ def pack(ints: torch.Tensor) -> torch.Tensor:
     """int8 [N, K] -> the kernel's layout [ceil(N / 32), ceil(K / 4), 32, 4] (zero padding)."""
     n, k = ints.shape
     n_pad, k_pad = -(-n // GROUP) * GROUP, -(-k // LANE) * LANE
-    padded = torch.nn.functional.pad(ints, (0, k_pad - k, 0, n_pad - n))  # [N32, K4]
-    return padded.view(n_pad // GROUP, GROUP, k_pad // LANE, LANE).permute(0, 2, 1, 3).contiguous()
+    padded = ints if (n_pad, k_pad) == (n, k) else torch.nn.functional.pad(ints, (0, k_pad - k, 0, n_pad - n))  # [N32, K4]
+    return padded.reshape(n_pad // GROUP, GROUP, k_pad // LANE, LANE).permute(0, 2, 1, 3).contiguous()
 
 
 def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -109,21 +109,36 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 class VnniWeight:
-    """A qint8 weight [out, in] (symmetric: zero points 0), packed for the vnni kernel with its scales."""
+    """A qint8 weight [out, in] (symmetric: zero points 0), packed for the vnni kernel with its scales.
+
+    ``VnniWeight(qweight)``, or :meth:`from_parts` with the int8 values, scales and zero points as a stored model
+    maps them (:class:`~specdec.models.int8_weights.DeferredQWeight`): then the packing is the only copy."""
 
     def __init__(self, qweight: torch.Tensor):
+        per_channel = qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+        zero_points = qweight.q_per_channel_zero_points() if per_channel else torch.tensor([qweight.q_zero_point()])
+        scales = qweight.q_per_channel_scales() if per_channel else torch.tensor([qweight.q_scale()])
+        self._init(qweight.int_repr(), scales, zero_points, per_channel)
+
+    @classmethod
+    def from_parts(cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], per_channel: bool) -> "VnniWeight":
+        """The weight of sibling parts [(int8 [out_i, in], scales, zero points)] stacked in order (a stored model's
+        mapped values: read once, into the packed layout)."""
+        weight = cls.__new__(cls)
+        ints, scales, zero_points = (torch.cat(xs) if len(xs) > 1 else xs[0] for xs in zip(*parts))
+        weight._init(ints, scales, zero_points, per_channel)
+        return weight
+
+    def _init(self, ints: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, per_channel: bool) -> None:
         extension()  # fail here, at load time, not in the first forward pass
-        self.out_features, self.in_features = qweight.shape
-        self.per_channel = qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
-        zero_points = qweight.q_per_channel_zero_points() if self.per_channel else torch.tensor([qweight.q_zero_point()])
+        self.out_features, self.in_features = ints.shape
+        self.per_channel = per_channel
         if bool(zero_points.ne(0).any()):
             raise SpecDecError("the vnni int8 kernel takes symmetric weights (zero points 0); use "
                                "SPECDEC_INT8_KERNEL=fbgemm for this model")
-        scales = qweight.q_per_channel_scales() if self.per_channel else torch.tensor([qweight.q_scale()])
         self._scales64 = scales.to(torch.float64)  # as stored (the qint8 weight given back)
         # [N]: a quantized row's unit is 1 / QMAX (the oneDNN path's factor, computed the same way)
         self.scales_per_q = scales.to(torch.float32).expand(self.out_features).contiguous() / QMAX
-        ints = qweight.int_repr()  # [N, K]
         self.colsum128 = (ints.sum(dim=1, dtype=torch.int32) * 128).to(torch.int32).contiguous()  # [N]
         self.packed = pack(ints)  # [N/32, K/4, 32, 4]
 
