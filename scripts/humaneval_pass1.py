@@ -89,7 +89,8 @@ def run(config: str, args: argparse.Namespace, problems) -> dict:
                      "seconds": out.stats.time_total, "stop_reason": out.stats.stop_reason})
         print(f"[{config}] {i}/{len(problems)} {problem.id}: {len(out.token_ids)} tokens, "
               f"{out.stats.time_total:.1f} s, {out.stats.stop_reason}", flush=True)
-    return scored({"target": target.name, "draft": None if draft is None else draft.name, "rows": rows,
+    label = None if draft is None else "<-".join(getattr(d, "name", str(d)) for d in (draft if isinstance(draft, list) else [draft]))
+    return scored({"target": target.name, "draft": label, "rows": rows,  # (a hierarchy is a list of levels)
                    "wall_s": time.perf_counter() - t_all})
 
 
