@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecDecError
+from specdec.models.int8_weights import DeferredQWeight, is_per_channel
 
 SOURCE = Path(__file__).parent / "csrc" / "int8_vnni.cpp"
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
@@ -115,7 +116,7 @@ class VnniWeight:
     maps them (:class:`~specdec.models.int8_weights.DeferredQWeight`): then the packing is the only copy."""
 
     def __init__(self, qweight: torch.Tensor):
-        per_channel = qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+        per_channel = is_per_channel(qweight)
         zero_points = qweight.q_per_channel_zero_points() if per_channel else torch.tensor([qweight.q_zero_point()])
         scales = qweight.q_per_channel_scales() if per_channel else torch.tensor([qweight.q_scale()])
         self._init(qweight.int_repr(), scales, zero_points, per_channel)
@@ -145,12 +146,8 @@ class VnniWeight:
     def qweight(self) -> torch.Tensor:
         """The qint8 weight [out, in] back."""
         ints = unpack(self.packed, self.out_features, self.in_features)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # quantized tensor creation is deprecated upstream, present in 2.13
-            if self.per_channel:
-                return torch._make_per_channel_quantized_tensor(
-                    ints, self._scales64, torch.zeros(self.out_features, dtype=torch.int64), 0)
-            return torch._make_per_tensor_quantized_tensor(ints, float(self._scales64[0]), 0)
+        zero_points = torch.zeros(self.out_features if self.per_channel else 1, dtype=torch.int64)
+        return DeferredQWeight([(ints, self._scales64, zero_points)], self.per_channel).make()
 
     def rows(self, x2: torch.Tensor, per_pass: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x2 [M, K] float32 -> [M, N] float32, bias added. ``per_pass``: one activation scale for the whole pass

@@ -135,6 +135,7 @@ def _batch(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     query [B, H, w, D]; key/value [B, H_kv, L, D] at positions 0 .. L - 1; [B, w, H, D]."""
     batch, heads, width, _ = query.shape
     out = query.new_zeros(batch, width, heads, value.shape[-1])
+    kernel = _kernel(module, query)
     for b, (start, n) in enumerate(spans):
         if start == 0 and n > 1:  # its prefill
             out[b, :n] = _prefill(module, query[b:b + 1, :, :n], key[b:b + 1, :, :n], value[b:b + 1, :, :n], window,
@@ -144,7 +145,7 @@ def _batch(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             end = start + i + 1
             first = max(0, end - window) if window else 0
             out[b, i] = _row(query[b:b + 1, :, i:i + 1], key[b:b + 1, :, first:end], value[b:b + 1, :, first:end],
-                             None, kwargs.get("scaling"), _kernel(module, query))[0]
+                             None, kwargs.get("scaling"), kernel)[0]
     return out
 
 
