@@ -51,6 +51,36 @@ def test_rows_are_exact_and_each_depends_on_its_own_input_only(n, k, per_channel
     assert torch.equal(weight.rows(x, bias=None), reference(x, qweight, None))
 
 
+@pytest.mark.parametrize("n,k", [(96, 64), (70, 192), (40, 1536)])
+def test_the_amx_path_gives_the_vnni_paths_bits(n, k, monkeypatch):
+    """Where the CPU has AMX, passes of AMX_FROM rows or more run on tiles (K a multiple of 64): the same exact
+    int32 sums, so the reference's bits, each row's own bits alone, and the AVX-512 path's bits, over one
+    16-row tile block, a full one and one row, and several."""
+    if not int8_vnni.has_amx():
+        pytest.skip("this CPU has no AMX (or Linux does not let the process use it): only the AVX-512 path runs")
+    torch.manual_seed(n * k)
+    qweight = quantize_weight(torch.randn(n, k), True)
+    weight, bias = int8_vnni.VnniWeight(qweight), torch.randn(n)
+    x = torch.randn(33, k) * torch.logspace(-2, 2, 33).unsqueeze(1)
+    for m in (2, 8, 16, 17, 33):
+        rows = x[:m].contiguous()
+        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "1")
+        tiles = weight.rows(rows, bias=bias)
+        alone = torch.cat([weight.rows(rows[i:i + 1].contiguous(), bias=bias) for i in range(m)])
+        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "0")
+        assert torch.equal(tiles, weight.rows(rows, bias=bias))
+        assert torch.equal(tiles, alone)
+        assert torch.equal(tiles, reference(rows, qweight, bias))
+
+
+def test_a_bad_amx_row_count_is_refused(monkeypatch):
+    monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "eight")
+    with pytest.raises(specdec.SpecDecError, match="SPECDEC_INT8_AMX_FROM must be a row count"):
+        int8_vnni.amx_from()
+    monkeypatch.delenv("SPECDEC_INT8_AMX_FROM")
+    assert int8_vnni.amx_from() == int8_vnni.AMX_FROM
+
+
 def test_per_pass_uses_one_scale_and_is_not_block_invariant():
     torch.manual_seed(1)
     qweight = quantize_weight(torch.randn(64, 48), True)

@@ -33,6 +33,9 @@ SOURCE = Path(__file__).parent / "csrc" / "int8_vnni.cpp"
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4
 QMAX = 127.0
+#: Passes of at least this many rows run on AMX tiles where the CPU has them (the same bits: exact int32 sums);
+#: ``SPECDEC_INT8_AMX_FROM`` overrides it (0: never).
+AMX_FROM = 2
 
 _lock = threading.Lock()
 _extension = None
@@ -84,6 +87,23 @@ def extension():
                             "and ninja (pip install ninja)")
                 raise SpecDecError(_failure) from None
     return _extension
+
+
+def amx_from() -> int:
+    """The fewest rows a pass needs to run on AMX tiles (0: never; see :data:`AMX_FROM`)."""
+    import os
+
+    raw = os.environ.get("SPECDEC_INT8_AMX_FROM", "").strip()
+    if not raw:
+        return AMX_FROM
+    if not raw.isdigit():
+        raise SpecDecError(f"SPECDEC_INT8_AMX_FROM must be a row count (0: never use AMX), not {raw!r}")
+    return int(raw)
+
+
+def has_amx() -> bool:
+    """Whether the kernel can use AMX tiles on this machine (the CPU has AMX-INT8 and Linux allows the tiles)."""
+    return bool(extension().has_amx())
 
 
 def build_error() -> str | None:
@@ -153,7 +173,7 @@ class VnniWeight:
         """x2 [M, K] float32 -> [M, N] float32, bias added. ``per_pass``: one activation scale for the whole pass
         (not block-invariant; for measurements)."""
         return extension().rows(x2.contiguous(), self.packed, self.colsum128, self.scales_per_q, bias,
-                                self.out_features, per_pass)
+                                self.out_features, per_pass, amx_from())
 
 
 def main() -> int:

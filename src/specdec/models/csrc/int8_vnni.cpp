@@ -9,7 +9,15 @@
 // Weights: int8 [N, K] packed as [N / 32][K4 / 4][32][4] (N padded to 32, K to 4): for each group of 32 output
 // columns, 128 contiguous bytes per 4 input columns, read as two 512-bit registers (16 columns x 4 bytes).
 // Activations go in as uint8 (q + 128); colsum128[n] = 128 * sum_k w[n, k] takes the shift back out.
+//
+// Where the CPU has AMX (and the kernel may use it), the same layout feeds AMX tiles: a group's 16 x 4 input
+// columns are a 16-row B tile at a stride of 128 bytes, up to 16 activation rows an A tile, and TDPBUSD adds the
+// same int32 products as vpdpbusd. The sums are exact either way, so both paths give the same bits (tested); AMX
+// does 16 times the products per instruction, so a verification pass of 8 rows or a prefill stays memory-bound.
 #include <torch/extension.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
@@ -23,6 +31,20 @@ namespace {
 constexpr int64_t GROUP = 32;      // output columns per packed group (two zmm registers)
 constexpr int64_t MAX_ROWS = 8;    // activation rows per register block (16 accumulators)
 constexpr int64_t PREFETCH = 2048; // bytes ahead in the weight stream (measured on the AMX Xeon)
+
+// One output row's 16 columns from n: y[n + j] = (float(acc[j] - colsum128[n + j]) * sq[n + j]) * s + bias[n + j]
+// (both GEMM paths end here, so their bits are the same).
+__attribute__((target("avx512f,avx512bw")))
+inline void store_row(__m512i acc, const int32_t* cs, const float* sq, float s, const float* bias, float* y,
+                      int64_t N, int64_t n) {
+  const int64_t count = N - n < 16 ? N - n : 16;
+  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+  __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_maskz_loadu_epi32(mask, cs + n))),
+                           _mm512_maskz_loadu_ps(mask, sq + n));
+  f = _mm512_mul_ps(f, _mm512_set1_ps(s));
+  if (bias) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, bias + n));
+  _mm512_mask_storeu_ps(y + n, mask, f);
+}
 
 template <int MB>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
@@ -43,19 +65,8 @@ void group_rows(const int8_t* wg, int64_t KB, const uint8_t* xu, int64_t K4, con
     }
   }
   for (int h = 0; h < 2; ++h) {
-    const int64_t n = n0 + 16 * h;
-    if (n >= N) break;
-    const int64_t count = N - n < 16 ? N - n : 16;
-    const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-    const __m512i c = _mm512_maskz_loadu_epi32(mask, cs + n);
-    const __m512 scale_n = _mm512_maskz_loadu_ps(mask, sq + n);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
-    for (int m = 0; m < MB; ++m) {
-      __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][h], c)), scale_n);
-      f = _mm512_mul_ps(f, _mm512_set1_ps(s[m]));
-      if (bias) f = _mm512_add_ps(f, b);
-      _mm512_mask_storeu_ps(y + m * N + n, mask, f);
-    }
+    if (n0 + 16 * h >= N) break;
+    for (int m = 0; m < MB; ++m) store_row(acc[m][h], cs, sq, s[m], bias, y + m * N, N, n0 + 16 * h);
   }
 }
 
@@ -64,33 +75,108 @@ using GroupFn = void (*)(const int8_t*, int64_t, const uint8_t*, int64_t, const 
 const GroupFn GROUP_FNS[MAX_ROWS + 1] = {nullptr, group_rows<1>, group_rows<2>, group_rows<3>, group_rows<4>,
                                          group_rows<5>, group_rows<6>, group_rows<7>, group_rows<8>};
 
-// x [M, K] -> xu [M, K4] (q + 128; the padding holds 128, i.e. 0) and s [M] (the row scales).
+// ---- AMX: the same layout through tiles ----
+
+constexpr int64_t AMX_ROWS = 16;  // activation rows per A tile
+constexpr int64_t AMX_STEP = 16;  // 4-column lanes per tile step (64 input columns)
+
+// Whether this CPU has AMX-TILE and AMX-INT8 and Linux lets the process use the tile state (asked once).
+bool amx_ready() {
+  static const bool ready = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ready;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0, 1: the accumulators (rows x 16 int32); 2: the activations (rows x 64 bytes); 3, 4: the weights (16 x 64).
+__attribute__((target("amx-tile")))
+void configure_tiles(int64_t rows) {
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = static_cast<uint8_t>(t < 3 ? rows : 16);
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");  // gcc's ldtilecfg names 8 bytes of cfg: keep the other stores
+  _tile_loadconfig(&cfg);
+}
+
+// One group of 32 output columns for `rows` (<= 16) activation rows; K4 a multiple of 64; tiles configured.
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
+void group_amx(const int8_t* wg, int64_t KB, const uint8_t* xu, int64_t K4, int64_t rows, const int32_t* cs,
+               const float* sq, const float* s, const float* bias, float* y, int64_t N, int64_t n0) {
+  alignas(64) int32_t acc[2][AMX_ROWS][16];
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t kb = 0; kb < KB; kb += AMX_STEP) {
+    const int8_t* p = wg + kb * 128;
+    for (int64_t line = 0; line < AMX_STEP * 128; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + line), _MM_HINT_T0);
+    _tile_loadd(2, xu + kb * 4, K4);
+    _tile_loadd(3, p, 128);
+    _tile_loadd(4, p + 64, 128);
+    _tile_dpbusd(0, 2, 3);
+    _tile_dpbusd(1, 2, 4);
+  }
+  _tile_stored(0, acc[0], 64);
+  _tile_stored(1, acc[1], 64);
+  for (int h = 0; h < 2; ++h) {
+    if (n0 + 16 * h >= N) break;
+    for (int64_t m = 0; m < rows; ++m)
+      store_row(_mm512_load_si512(acc[h][m]), cs, sq, s[m], bias, y + m * N, N, n0 + 16 * h);
+  }
+}
+
+__attribute__((target("amx-tile")))
+void release_tiles() { _tile_release(); }
+
+// x [M, K] -> xu [M, K4] (q + 128; the padding holds 128, i.e. 0) and s [M] (the row scales). Vectorized, with the
+// scalar arithmetic's bits: the maximum is exact in any order, and x * inv rounded half to even (roundscale in the
+// default rounding mode, as nearbyint and torch.round) is the same product and rounding element by element.
+__attribute__((target("avx512f,avx512bw")))
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t K4, bool per_pass, uint8_t* xu, float* s) {
   const float tiny = std::numeric_limits<float>::min();
   float pass_max = 0.0f;
   for (int64_t m = 0; m < M; ++m) {
-    float mx = 0.0f;
-    for (int64_t k = 0; k < K; ++k) mx = std::max(mx, std::fabs(x[m * K + k]));
-    s[m] = std::max(mx, tiny);
+    __m512 vmx = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 live = K - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (K - k)) - 1);
+      vmx = _mm512_max_ps(vmx, _mm512_abs_ps(_mm512_maskz_loadu_ps(live, x + m * K + k)));
+    }
+    s[m] = std::max(_mm512_reduce_max_ps(vmx), tiny);
     pass_max = std::max(pass_max, s[m]);
   }
   for (int64_t m = 0; m < M; ++m) {
     if (per_pass) s[m] = pass_max;
-    const float inv = (1.0f / s[m]) * 127.0f;  // as torch computes 127.0 / scale: reciprocal, then the product
-    for (int64_t k = 0; k < K; ++k) {
-      const float q = std::nearbyint(x[m * K + k] * inv);  // round half to even, as torch.round
-      xu[m * K4 + k] = static_cast<uint8_t>(static_cast<int32_t>(q) + 128);
+    const __m512 inv = _mm512_set1_ps((1.0f / s[m]) * 127.0f);  // as torch computes 127.0 / scale
+    const __m512i shift = _mm512_set1_epi32(128);
+    for (int64_t k = 0; k < K4; k += 16) {
+      const __mmask16 live = K - k >= 16 ? 0xffff : (k < K ? static_cast<__mmask16>((1u << (K - k)) - 1) : 0);
+      const __mmask16 out = K4 - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (K4 - k)) - 1);
+      const __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + m * K + k), inv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i u = _mm512_add_epi32(_mm512_cvtps_epi32(q), shift);  // padding: 0 + 128
+      _mm512_mask_cvtepi32_storeu_epi8(xu + m * K4 + k, out, u);
     }
-    for (int64_t k = K; k < K4; ++k) xu[m * K4 + k] = 128;
   }
 }
 
 }  // namespace
 
 // x [M, K] float32 (contiguous), packed [N32 / 32, K4 / 4, 32, 4] int8, colsum128 [N] int32, sq [N] float32 (the
-// weight's scale over 127), bias [N] or None -> y [M, N] float32.
+// weight's scale over 127), bias [N] or None -> y [M, N] float32. amx_from: passes of at least this many rows use
+// AMX tiles where the CPU has them and K4 is a multiple of 64 (0: never); the bits are the same either way.
 torch::Tensor rows(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& colsum128,
-                   const torch::Tensor& sq, const c10::optional<torch::Tensor>& bias, int64_t N, bool per_pass) {
+                   const torch::Tensor& sq, const c10::optional<torch::Tensor>& bias, int64_t N, bool per_pass,
+                   int64_t amx_from) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous float32 [M, K]");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == GROUP && packed.size(3) == 4, "packed: [N/32, K4/4, 32, 4] int8");
   const int64_t M = x.size(0), K = x.size(1), KB = packed.size(1), K4 = KB * 4, groups = packed.size(0);
@@ -105,18 +191,29 @@ torch::Tensor rows(const torch::Tensor& x, const torch::Tensor& packed, const to
   const float* sqp = sq.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  const bool amx = amx_from > 0 && M >= amx_from && K4 % (4 * AMX_STEP) == 0 && amx_ready();
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    int64_t configured = 0;  // the A tile's rows as the tiles are configured on this thread (0: not yet)
     for (int64_t g = g0; g < g1; ++g) {  // a group's weights (KB x 128 bytes) stay in cache across row blocks
-      for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
-        const int64_t mb = std::min(MAX_ROWS, M - m0);
-        GROUP_FNS[mb](W + g * KB * 128, KB, xu.data() + m0 * K4, K4, cs, sqp, s.data() + m0, bp, yp + m0 * N, N,
-                      g * GROUP);
+      const int64_t step = amx ? AMX_ROWS : MAX_ROWS;
+      for (int64_t m0 = 0; m0 < M; m0 += step) {
+        const int64_t mb = std::min(step, M - m0);
+        if (!amx) {
+          GROUP_FNS[mb](W + g * KB * 128, KB, xu.data() + m0 * K4, K4, cs, sqp, s.data() + m0, bp, yp + m0 * N, N,
+                        g * GROUP);
+          continue;
+        }
+        if (mb != configured) configure_tiles(configured = mb);
+        group_amx(W + g * KB * 128, KB, xu.data() + m0 * K4, K4, mb, cs, sqp, s.data() + m0, bp, yp + m0 * N, N,
+                  g * GROUP);
       }
     }
+    if (configured) release_tiles();
   });
   return y;
 }
 
+bool has_amx() { return amx_ready(); }
 
 // ---- Row attention: one query row over its keys, the arithmetic fixed here (float32) ----
 //
@@ -258,6 +355,7 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI), exact int32 accumulation");
+  m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");
+  m.def("has_amx", &has_amx, "whether the GEMM can use AMX tiles here (the CPU has them and Linux allows them)");
   m.def("row_attention", &row_attention, "attention, each query row over its own keys, float32, fixed arithmetic");
 }
