@@ -98,9 +98,16 @@ def test_the_packing_gives_the_weight_back():
         back = int8_vnni.VnniWeight(qweight).qweight()
         assert torch.equal(back.int_repr(), qweight.int_repr())
         assert back.qscheme() == qweight.qscheme()
-        packed = int8_vnni.pack(qweight.int_repr())
+        ints = qweight.int_repr()
+        packed, colsum128 = int8_vnni.pack(ints)
         assert packed.shape == (-(-n // 32), -(-k // 4), 32, 4)
-        assert torch.equal(int8_vnni.unpack(packed, n, k), qweight.int_repr())
+        assert torch.equal(int8_vnni.unpack(packed, n, k), ints)
+        assert torch.equal(colsum128, ints.sum(dim=1, dtype=torch.int32) * 128)
+        # the layout spelled out in torch: 32 output columns a group, 4 input columns a lane, zero padding
+        padded = torch.nn.functional.pad(ints, (0, -k % 4, 0, -n % 32))  # [N32, K4]
+        assert torch.equal(packed, padded.reshape(-(-n // 32), 32, -(-k // 4), 4).permute(0, 2, 1, 3))
+        top, rest = ints[: n // 3], ints[n // 3:]  # sibling parts stacked (a fused layer)
+        assert all(torch.equal(a, b) for a, b in zip(int8_vnni.pack(top, rest), (packed, colsum128)))
 
 
 @pytest.mark.skipif("onednn" not in int8_kernels.available(), reason="this torch build has no oneDNN int8 kernel")

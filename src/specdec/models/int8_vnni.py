@@ -115,12 +115,11 @@ def build_error() -> str | None:
     return None
 
 
-def pack(ints: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] -> the kernel's layout [ceil(N / 32), ceil(K / 4), 32, 4] (zero padding)."""
-    n, k = ints.shape
-    n_pad, k_pad = -(-n // GROUP) * GROUP, -(-k // LANE) * LANE
-    padded = ints if (n_pad, k_pad) == (n, k) else torch.nn.functional.pad(ints, (0, k_pad - k, 0, n_pad - n))  # [N32, K4]
-    return padded.reshape(n_pad // GROUP, GROUP, k_pad // LANE, LANE).permute(0, 2, 1, 3).contiguous()
+def pack(*parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N_i, K] parts (sibling weights, stacked in order) -> the kernel's layout [ceil(N / 32), ceil(K / 4), 32,
+    4] (zero padding) and colsum128 [N] int32 (128 * each row's sum), read in one pass by the extension."""
+    packed, colsum128 = extension().pack([p if p.stride(-1) == 1 else p.contiguous() for p in parts])
+    return packed, colsum128
 
 
 def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -139,20 +138,21 @@ class VnniWeight:
         per_channel = is_per_channel(qweight)
         zero_points = qweight.q_per_channel_zero_points() if per_channel else torch.tensor([qweight.q_zero_point()])
         scales = qweight.q_per_channel_scales() if per_channel else torch.tensor([qweight.q_scale()])
-        self._init(qweight.int_repr(), scales, zero_points, per_channel)
+        self._init((qweight.int_repr(),), scales, zero_points, per_channel)
 
     @classmethod
     def from_parts(cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], per_channel: bool) -> "VnniWeight":
         """The weight of sibling parts [(int8 [out_i, in], scales, zero points)] stacked in order (a stored model's
         mapped values: read once, into the packed layout)."""
         weight = cls.__new__(cls)
-        ints, scales, zero_points = (torch.cat(xs) if len(xs) > 1 else xs[0] for xs in zip(*parts))
-        weight._init(ints, scales, zero_points, per_channel)
+        ints, scales, zero_points = zip(*parts)
+        weight._init(ints, torch.cat(scales), torch.cat(zero_points), per_channel)
         return weight
 
-    def _init(self, ints: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, per_channel: bool) -> None:
+    def _init(self, ints: tuple[torch.Tensor, ...], scales: torch.Tensor, zero_points: torch.Tensor,
+              per_channel: bool) -> None:
         extension()  # fail here, at load time, not in the first forward pass
-        self.out_features, self.in_features = ints.shape
+        self.out_features, self.in_features = sum(p.shape[0] for p in ints), ints[0].shape[1]
         self.per_channel = per_channel
         if bool(zero_points.ne(0).any()):
             raise SpecDecError("the vnni int8 kernel takes symmetric weights (zero points 0); use "
@@ -160,8 +160,7 @@ class VnniWeight:
         self._scales64 = scales.to(torch.float64)  # as stored (the qint8 weight given back)
         # [N]: a quantized row's unit is 1 / QMAX (the oneDNN path's factor, computed the same way)
         self.scales_per_q = scales.to(torch.float32).expand(self.out_features).contiguous() / QMAX
-        self.colsum128 = (ints.sum(dim=1, dtype=torch.int32) * 128).to(torch.int32).contiguous()  # [N]
-        self.packed = pack(ints)  # [N/32, K/4, 32, 4]
+        self.packed, self.colsum128 = pack(*ints)  # [N/32, K/4, 32, 4], [N]
 
     def qweight(self) -> torch.Tensor:
         """The qint8 weight [out, in] back."""

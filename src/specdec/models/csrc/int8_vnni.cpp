@@ -23,6 +23,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -215,6 +216,36 @@ torch::Tensor rows(const torch::Tensor& x, const torch::Tensor& packed, const to
 
 bool has_amx() { return amx_ready(); }
 
+// Sibling weights int8 [N_i, K] (rows contiguous), stacked in order -> the packed layout [N32 / 32, K4 / 4, 32, 4]
+// (zero padding) and colsum128 [N] (128 * each row's sum), in one pass over the values: what a load waits for
+// before its first forward pass (torch's pad, permute and sum read the values three times). One thread: the
+// loader packs several layers at once.
+std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
+  TORCH_CHECK(!parts.empty(), "pack: no weight");
+  const int64_t K = parts[0].size(1);
+  std::vector<const int8_t*> row;  // [N]
+  for (const auto& part : parts) {
+    TORCH_CHECK(part.dim() == 2 && part.scalar_type() == torch::kChar && part.size(1) == K && part.stride(1) == 1,
+                "pack: int8 [N_i, K] parts with contiguous rows and one K");
+    for (int64_t n = 0; n < part.size(0); ++n) row.push_back(part.data_ptr<int8_t>() + n * part.stride(0));
+  }
+  const int64_t N = static_cast<int64_t>(row.size()), KB = (K + 3) / 4, groups = (N + GROUP - 1) / GROUP;
+  auto packed = torch::zeros({groups, KB, GROUP, 4}, torch::kChar);
+  auto colsum = torch::empty({N}, torch::kInt);
+  int8_t* out = packed.data_ptr<int8_t>();
+  int32_t* cs = colsum.data_ptr<int32_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    const int8_t* w = row[n];
+    int8_t* o = out + ((n / GROUP) * KB * GROUP + n % GROUP) * 4;  // lane (kb, n) at o + kb * 128
+    for (int64_t kb = 0; kb < K / 4; ++kb) std::memcpy(o + kb * GROUP * 4, w + kb * 4, 4);  // 4 bytes a lane
+    for (int64_t k = K / 4 * 4; k < K; ++k) o[(k / 4) * GROUP * 4 + k % 4] = w[k];
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += w[k];
+    cs[n] = sum * 128;
+  }
+  return {packed, colsum};
+}
+
 // ---- Row attention: one query row over its keys, the arithmetic fixed here (float32) ----
 //
 // softmax(q . k_j * scale (+ mask_j)) . v over the row's keys, per query head (its key/value head h / (H / H_kv)).
@@ -356,6 +387,7 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");
+  m.def("pack", &pack, "int8 [N_i, K] parts -> (the GEMM's packed layout, 128 * row sums), one pass");
   m.def("has_amx", &has_amx, "whether the GEMM can use AMX tiles here (the CPU has them and Linux allows them)");
   m.def("row_attention", &row_attention, "attention, each query row over its own keys, float32, fixed arithmetic");
 }
