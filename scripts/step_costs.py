@@ -62,6 +62,22 @@ def step_ms(model: specdec.LanguageModel, k: int, context: int, reps: int) -> fl
     return 1000 * forward_time(model, list(range(1000, 1000 + context + k)), k, reps)
 
 
+def prefill_ms(model: specdec.LanguageModel, context: int, reps: int) -> float:
+    """Median milliseconds of a prefill of ``context`` tokens into a new session (the first one untimed)."""
+    import time
+    from statistics import median
+
+    ids = list(range(1000, 1000 + context))
+    times = []
+    for _ in range(reps + 1):
+        session, start = model.start(ids, len(ids) + 1)
+        t0 = time.perf_counter()
+        session.prefill(start)
+        times.append(time.perf_counter() - t0)
+        session.close()
+    return 1000 * median(times[1:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen2.5-coder-1.5b,qwen2.5-coder-0.5b")
@@ -70,14 +86,16 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=300, help="cached tokens before the timed passes")
     parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--prefill", action="store_true", help="also time a prefill of --context tokens")
     args = parser.parse_args()
 
     ks = sorted({1, *(int(k) for k in args.ks.split(","))})
     print(f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY')}; CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}; {args.context} cached tokens, median of {args.reps}")
     print("| model | format | " + " | ".join(f"k={k} ms" for k in ks)
-          + f" | T({ks[-1]}) / T(1) | s | {ks[-1]}-token pass = {ks[-1]} steps? |")
-    print("|---|---|" + "---|" * (len(ks) + 3))
+          + f" | T({ks[-1]}) / T(1) | s | {ks[-1]}-token pass = {ks[-1]} steps? |"
+          + (f" prefill {args.context} ms |" if args.prefill else ""))
+    print("|---|---|" + "---|" * (len(ks) + 3 + args.prefill))
     rows = []
     for name in args.models.split(","):
         for fmt in args.formats.split(","):
@@ -88,10 +106,12 @@ def main() -> int:
             ratio = ms[ks[-1]] / ms[1]
             s = (ratio - 1) / (ks[-1] - 1) if ks[-1] > 1 else 0.0
             same, diff = block_equals_steps(model, ks[-1], args.context)
+            prefill = prefill_ms(model, args.context, args.reps) if args.prefill else None
             rows.append({"model": name, "format": fmt, "ms": ms, "ratio": ratio, "s": s,
-                         "block_equals_steps": same, "max_abs_difference": diff})
+                         "block_equals_steps": same, "max_abs_difference": diff, "prefill_ms": prefill})
             print(f"| {name} | {fmt} | " + " | ".join(f"{ms[k]:.0f}" for k in ks) + f" | {ratio:.2f} | {s:.2f} | "
-                  + ("yes, bit for bit" if same else f"no: {diff:.3g}") + " |", flush=True)
+                  + ("yes, bit for bit" if same else f"no: {diff:.3g}") + " |"
+                  + (f" {prefill:.0f} |" if prefill is not None else ""), flush=True)
             del model
     if args.json:
         with open(args.json, "w") as fh:
