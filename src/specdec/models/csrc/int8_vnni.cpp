@@ -230,7 +230,7 @@ std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
     for (int64_t n = 0; n < part.size(0); ++n) row.push_back(part.data_ptr<int8_t>() + n * part.stride(0));
   }
   const int64_t N = static_cast<int64_t>(row.size()), KB = (K + 3) / 4, groups = (N + GROUP - 1) / GROUP;
-  auto packed = torch::zeros({groups, KB, GROUP, 4}, torch::kChar);
+  auto packed = torch::empty({groups, KB, GROUP, 4}, torch::kChar);  // every byte written below
   auto colsum = torch::empty({N}, torch::kInt);
   int8_t* out = packed.data_ptr<int8_t>();
   int32_t* cs = colsum.data_ptr<int32_t>();
@@ -238,11 +238,13 @@ std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
     const int8_t* w = row[n];
     int8_t* o = out + ((n / GROUP) * KB * GROUP + n % GROUP) * 4;  // lane (kb, n) at o + kb * 128
     for (int64_t kb = 0; kb < K / 4; ++kb) std::memcpy(o + kb * GROUP * 4, w + kb * 4, 4);  // 4 bytes a lane
-    for (int64_t k = K / 4 * 4; k < K; ++k) o[(k / 4) * GROUP * 4 + k % 4] = w[k];
+    for (int64_t k = K / 4 * 4; k < KB * 4; ++k) o[(k / 4) * GROUP * 4 + k % 4] = k < K ? w[k] : 0;
     int32_t sum = 0;
     for (int64_t k = 0; k < K; ++k) sum += w[k];
     cs[n] = sum * 128;
   }
+  for (int64_t n = N; n < groups * GROUP; ++n)  // the last group's padding columns: zero weights
+    for (int64_t kb = 0; kb < KB; ++kb) std::memset(out + ((n / GROUP) * KB * GROUP + kb * GROUP + n % GROUP) * 4, 0, 4);
   return {packed, colsum};
 }
 
