@@ -366,3 +366,23 @@ def test_an_int8_pass_outside_inference_mode_after_one_inside(kernel):
     with torch.no_grad():
         outside = model.hf_model(input_ids=ids).logits
     assert torch.equal(inside, outside)
+
+
+
+
+def test_the_quantized_tensor_deprecation_is_silenced_for_every_thread_by_its_text():
+    """The loader makes qint8 weights on its packing threads, where a per-call ``warnings.catch_warnings`` raced;
+    torch 2.13's deprecation text is filtered process-wide instead, and only that text. (In a new interpreter, as a
+    user's process: pytest restores its filters after collection, where the module is imported.)"""
+    import subprocess
+    import sys
+
+    code = ("import warnings, threading, torch\n"
+            "import specdec.models.int8_weights\n"
+            "text = ('torch.quantize_per_tensor, torch.quantize_per_channel and other quantized tensor creation '\n"
+            "        'functions that produce tensors with dtype torch.quint8 are deprecated')\n"
+            "t = threading.Thread(target=lambda: warnings.warn(text, UserWarning)); t.start(); t.join()\n"
+            "warnings.warn('torch.quantize_per_channel: another warning', UserWarning)\n")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert "another warning" in err
+    assert "are deprecated" not in err
