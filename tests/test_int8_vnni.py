@@ -147,6 +147,24 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_fbgemm_and_says_so(monkeypa
         int8_kernels._chosen = before
 
 
+def test_a_cpu_without_the_preferred_kernel_runs_fbgemm_not_onednn(monkeypatch):
+    """The CPU kind says vnni (its flags) but the kernel cannot run (ATEN_CPU_CAPABILITY=avx2, issue 39's AVX2
+    approximation): fbgemm, not the first kernel listed (oneDNN's int8 GEMM without AMX was 2 s a token)."""
+    if "fbgemm" not in int8_kernels.available():
+        pytest.skip("no fbgemm in this torch build")
+    before = int8_kernels._chosen
+    monkeypatch.delenv(int8_kernels.ENV, raising=False)
+    monkeypatch.setattr(int8_kernels, "default_kernel", lambda: "vnni")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    try:
+        int8_kernels._chosen = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an expected hardware limit: no warning
+            assert int8_kernels.chosen() == "fbgemm"
+    finally:
+        int8_kernels._chosen = before
+
+
 def test_row_attention_gives_each_row_the_bits_it_gets_alone_and_sdpas_values():
     """The extension's attention (the int8 models' with the vnni kernel): a block of query rows, each over the
     keys of its own prefix (a sliding window's last keys for some), equals each row computed alone bit for bit,

@@ -95,18 +95,20 @@ def chosen() -> str:
             if not have:
                 raise SpecDecError("this torch build has no int8 CPU kernel (neither oneDNN nor fbgemm); load the "
                                    "model without quantize=")
-            preferred = default_kernel()
-            _chosen = preferred if preferred in have else have[0]
-            if _chosen == "vnni":
+            preferred, error = default_kernel(), None
+            if preferred == "vnni" and "vnni" in have:
                 from specdec.models import int8_vnni
 
                 error = int8_vnni.build_error()  # builds it on the machine's first use
                 if error is not None:
-                    fallback = "fbgemm" if "fbgemm" in have else next((k for k in have if k != "vnni"), None)
-                    if fallback is None:
+                    have = [k for k in have if k != "vnni"]
+                    if not have:
                         raise SpecDecError(error)
-                    warnings.warn(f"{error}: the int8 models run fbgemm's kernel instead", stacklevel=2)
-                    _chosen = fallback
+            # where the preferred kernel cannot run (no AVX-512 VNNI after all, e.g. ATEN_CPU_CAPABILITY=avx2 on a
+            # bigger CPU), fbgemm: oneDNN's int8 GEMM without AMX re-lays weights out and is several times slower
+            _chosen = preferred if preferred in have else ("fbgemm" if "fbgemm" in have else have[0])
+            if error is not None:
+                warnings.warn(f"{error}: the int8 models run {_chosen}'s kernel instead", stacklevel=2)
     return _chosen
 
 
