@@ -13,7 +13,7 @@ from specdec.errors import SpecDecError
 
 #: torch 2.13's deprecation of the quantized tensors these weights are (specdec's vnni kernel needs none). The
 #: loader's packing threads make them at once, and ``warnings.catch_warnings`` is not thread-safe (one thread's exit
-#: restores the filters while another is inside its block: a stored int8 model printed the warning on an AVX2 CPU),
+#: restores the filters while another is inside its block: a stored int8 model loading on fbgemm printed it),
 #: so it is silenced once, by its own text, not per call.
 QUANTIZED_DEPRECATION = r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor creation"
 warnings.filterwarnings("ignore", message=QUANTIZED_DEPRECATION, category=UserWarning)
