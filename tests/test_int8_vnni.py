@@ -91,6 +91,32 @@ def test_per_pass_uses_one_scale_and_is_not_block_invariant():
     assert not torch.equal(out[:1], weight.rows(x[:1].contiguous(), per_pass=True))  # row 0 alone has its own scale
 
 
+def test_the_parts_of_a_fused_layer_are_its_columns_written_apart():
+    """row_parts (a fused layer's siblings): each part is its columns of the whole output, bit for bit and
+    contiguous, for the AVX-512 path and (where the CPU has it) the tiles; a part not starting at a multiple of 32
+    columns is refused by name, and the fused model layer falls back to slicing there."""
+    torch.manual_seed(4)
+    qweight = quantize_weight(torch.randn(32 * 5 + 7, 128), True)
+    weight, bias = int8_vnni.VnniWeight(qweight), torch.randn(32 * 5 + 7)
+    for m in (1, 5, 20):
+        x = torch.randn(m, 128)
+        whole = weight.rows(x, bias=bias)
+        parts = weight.row_parts(x, [64, 32, 71], bias=bias)
+        assert [p.shape for p in parts] == [(m, 64), (m, 32), (m, 71)] and all(p.is_contiguous() for p in parts)
+        assert torch.equal(torch.cat(parts, dim=1), whole)
+    with pytest.raises(RuntimeError, match="parts must start at multiples of 32"):
+        weight.row_parts(torch.randn(2, 128), [40, 127])
+    with pytest.raises(RuntimeError, match="widths must sum to 167"):
+        weight.row_parts(torch.randn(2, 128), [64, 32])
+    from specdec.models.int8_linear import Int8Linear
+
+    layer = Int8Linear.from_qweight(qweight, bias)
+    x = torch.randn(3, 128)
+    for widths in ([64, 103], [40, 127]):  # written apart, then sliced (40 is no multiple of 32)
+        parts = layer.parts(x, widths)
+        assert torch.equal(torch.cat(parts, dim=1), layer(x)) and all(p.is_contiguous() for p in parts)
+
+
 def test_the_packing_gives_the_weight_back():
     torch.manual_seed(2)
     for n, k, per_channel in ((33, 7, True), (64, 64, False)):

@@ -5,6 +5,7 @@ as one kernel call, each member taking its columns of the output (:class:`Int8Sl
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,30 +60,33 @@ class Int8Slice(Int8Linear):
         return contiguous_q(self.fused.weight()[self.start:self.end])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # contiguous: a pass of several rows gets strided columns, on which elementwise ops (the MLP's silu and
-        # product) run their slow strided loops (measured: silu 1.1 ms a call for 8 rows of the 1.5B, 37 us for 1)
-        return self.fused.output(x, self)[..., self.start:self.end].contiguous()
+        return self.fused.output(x, self)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, columns {self.start}:{self.end} of a fused layer"
 
 
 class _Fused:
-    """The fused layer of a set of siblings, and the output of its last input (until every member took it)."""
+    """The fused layer of a set of siblings ([start, end) columns each, in order), and the parts of its last
+    input's output (until every member took its own)."""
 
-    def __init__(self, layer: Int8Linear, members: int):
-        self.layer, self.members = layer, members
-        self._input = self._output = None
+    def __init__(self, layer: Int8Linear, bounds: list[tuple[int, int]]):
+        self.layer, self.bounds = layer, bounds
+        self._input = self._parts = None
         self._version, self._served = -2, set()
 
     def output(self, x: torch.Tensor, member: Int8Slice) -> torch.Tensor:
         if self._input is not x or self._version != _version(x) or id(member) in self._served:
             self._input, self._version, self._served = x, _version(x), set()
-            self._output = self.layer(x)
-        out = self._output
+            # each part contiguous: a pass of several rows would get strided columns from a slice, on which
+            # elementwise ops (the MLP's silu and product) run their slow strided loops (measured: silu 1.1 ms a
+            # call for 8 rows of the 1.5B, 37 us for 1); the vnni kernel writes the parts apart, no copy
+            widths = [end - start for start, end in self.bounds]
+            self._parts = dict(zip((start for start, _ in self.bounds), self.layer.parts(x, widths)))
+        out = self._parts[member.start]
         self._served.add(id(member))
-        if len(self._served) == self.members:  # every member has its part: hold nothing past the pass
-            self._input = self._output = None
+        if len(self._served) == len(self.bounds):  # every member has its part: hold nothing past the pass
+            self._input = self._parts = None
         return out
 
     def weight(self) -> torch.Tensor:
@@ -135,11 +139,10 @@ def int8_layers(weights: dict[str, tuple[torch.Tensor | DeferredQWeight, torch.T
         if len(names) == 1:
             out[names[0]] = layer
             continue
-        fused, start = _Fused(layer, len(names)), 0
-        for n in names:
-            rows = weights[n][0].shape[0]
-            out[n] = Int8Slice(fused, start, start + rows)
-            start += rows
+        ends = list(itertools.accumulate(weights[n][0].shape[0] for n in names))
+        fused = _Fused(layer, list(zip([0] + ends[:-1], ends)))
+        for n, (start, end) in zip(names, fused.bounds):
+            out[n] = Int8Slice(fused, start, end)
     return out
 
 

@@ -24,9 +24,11 @@ written once), so a forward pass allocates nothing but its output.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
 
 import torch
 
@@ -156,6 +158,22 @@ class Int8Linear(torch.nn.Module):
 
     def _weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.weight(), self.bias
+
+    def parts(self, x: torch.Tensor, widths: Sequence[int]) -> list[torch.Tensor]:
+        """The output in column parts ``widths`` (a fused layer's siblings), each contiguous: the vnni kernel
+        writes them apart (each part but the last starting at a multiple of 32 columns), the others slice and copy."""
+        if self.kernel != "vnni" or any(start % int8_vnni.GROUP for start in itertools.accumulate(widths[:-1])):
+            y, start, out = self(x), 0, []
+            for width in widths:
+                out.append(y[..., start:start + width].contiguous())
+                start += width
+            return out
+        self.wait_packed()
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        with threads.parallel_kernel():
+            ys = self._packed.row_parts(x2 if x2.dtype == torch.float32 else x2.float(), widths, not self.pinned,
+                                        self.bias)  # [[M, w_i]]
+        return [y.reshape(*x.shape[:-1], width) for y, width in zip(ys, widths)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.wait_packed()

@@ -1,4 +1,5 @@
-"""specdec's own int8 GEMM for CPUs with AVX-512 VNNI (``csrc/int8_vnni.cpp``): the ``vnni`` int8 kernel.
+"""specdec's own int8 GEMM for CPUs with AVX-512 VNNI (``csrc/int8_vnni.cpp``; its row attention in
+``csrc/row_attention.cpp``): the ``vnni`` int8 kernel.
 
 fbgemm's int8 GEMM reads its weights once per few rows, so an 8-token verification pass of the int8 1.5B cost
 1.5-1.7x a one-token step on the AMX Xeon; oneDNN's AMX GEMM is flat in the rows but streams its weights at
@@ -25,13 +26,15 @@ import hashlib
 import threading
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from specdec.errors import SpecDecError
 from specdec.models.int8_weights import DeferredQWeight, is_per_channel
 
-SOURCE = Path(__file__).parent / "csrc" / "int8_vnni.cpp"
+#: The extension's sources: the GEMM (and the module's bindings), the row attention.
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("int8_vnni.cpp", "row_attention.cpp")]
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4
 QMAX = 127.0
@@ -59,7 +62,7 @@ def cpu_supported() -> bool:
 
 
 def _name() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode()).hexdigest()[:12]
     return f"specdec_int8_vnni_{digest}"
 
 
@@ -81,7 +84,7 @@ def extension():
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     _extension = cpp_extension.load(
-                        _name(), [str(SOURCE)], extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
+                        _name(), [str(s) for s in SOURCES], extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
                         extra_ldflags=["-fopenmp"], verbose=False)
             except Exception as exc:  # no compiler, no ninja, a compile error
                 _failure = (f"could not build specdec's vnni int8 kernel ({type(exc).__name__}: "
@@ -173,8 +176,15 @@ class VnniWeight:
     def rows(self, x2: torch.Tensor, per_pass: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x2 [M, K] float32 -> [M, N] float32, bias added. ``per_pass``: one activation scale for the whole pass
         (not block-invariant; for measurements)."""
+        return self.row_parts(x2, (), per_pass, bias)[0]
+
+    def row_parts(self, x2: torch.Tensor, widths: Sequence[int], per_pass: bool = False,
+                  bias: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """:meth:`rows` written as one tensor per part of the columns: ``widths`` [w_i] (summing to N; each part
+        but the last starting at a multiple of 32 columns) -> [[M, w_i]], each contiguous (a fused layer's
+        siblings, with no slice copied after). Empty ``widths``: one part."""
         return extension().rows(x2.contiguous(), self.packed, self.colsum128, self.scales_per_q, bias,
-                                self.out_features, per_pass, amx_from())
+                                self.out_features, per_pass, amx_from(), list(widths))
 
 
 def main() -> int:

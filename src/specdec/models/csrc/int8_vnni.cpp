@@ -33,24 +33,31 @@ constexpr int64_t GROUP = 32;      // output columns per packed group (two zmm r
 constexpr int64_t MAX_ROWS = 8;    // activation rows per register block (16 accumulators)
 constexpr int64_t PREFETCH = 2048; // bytes ahead in the weight stream (measured on the AMX Xeon)
 
-// One output row's 16 columns from n: y[n + j] = (float(acc[j] - colsum128[n + j]) * sq[n + j]) * s + bias[n + j]
-// (both GEMM paths end here, so their bits are the same).
+// Where a part of the output goes: [M, end - start] float32, row m's column n (start <= n < end) at
+// y + m * ld + n - start. The siblings of a fused layer get one part each, so none is sliced and copied after.
+struct Out {
+  float* y;
+  int64_t ld, start, end;
+};
+
+// Up to 16 columns of one output row, n0 on: y[n] = (float(acc[j] - colsum128[n]) * sq[n]) * s + bias[n], written
+// to the part that holds column n0 (both GEMM paths end here, so their bits are the same).
 __attribute__((target("avx512f,avx512bw")))
-inline void store_row(__m512i acc, const int32_t* cs, const float* sq, float s, const float* bias, float* y,
-                      int64_t N, int64_t n) {
-  const int64_t count = N - n < 16 ? N - n : 16;
+inline void store_row(__m512i acc, const int32_t* cs, const float* sq, float s, const float* bias, const Out& out,
+                      int64_t m, int64_t n0) {
+  const int64_t count = out.end - n0 < 16 ? out.end - n0 : 16;
   const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-  __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_maskz_loadu_epi32(mask, cs + n))),
-                           _mm512_maskz_loadu_ps(mask, sq + n));
+  __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_maskz_loadu_epi32(mask, cs + n0))),
+                           _mm512_maskz_loadu_ps(mask, sq + n0));
   f = _mm512_mul_ps(f, _mm512_set1_ps(s));
-  if (bias) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, bias + n));
-  _mm512_mask_storeu_ps(y + n, mask, f);
+  if (bias) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, bias + n0));
+  _mm512_mask_storeu_ps(out.y + m * out.ld + (n0 - out.start), mask, f);
 }
 
 template <int MB>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void group_rows(const int8_t* wg, int64_t KB, const uint8_t* xu, int64_t K4, const int32_t* cs, const float* sq,
-                const float* s, const float* bias, float* y, int64_t N, int64_t n0) {
+                const float* s, const float* bias, const Out& out, int64_t m0, int64_t n0) {
   __m512i acc[MB][2];
   for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_si512();
   for (int64_t kb = 0; kb < KB; ++kb) {
@@ -66,13 +73,13 @@ void group_rows(const int8_t* wg, int64_t KB, const uint8_t* xu, int64_t K4, con
     }
   }
   for (int h = 0; h < 2; ++h) {
-    if (n0 + 16 * h >= N) break;
-    for (int m = 0; m < MB; ++m) store_row(acc[m][h], cs, sq, s[m], bias, y + m * N, N, n0 + 16 * h);
+    if (n0 + 16 * h >= out.end) break;
+    for (int m = 0; m < MB; ++m) store_row(acc[m][h], cs, sq, s[m], bias, out, m0 + m, n0 + 16 * h);
   }
 }
 
 using GroupFn = void (*)(const int8_t*, int64_t, const uint8_t*, int64_t, const int32_t*, const float*, const float*,
-                         const float*, float*, int64_t, int64_t);
+                         const float*, const Out&, int64_t, int64_t);
 const GroupFn GROUP_FNS[MAX_ROWS + 1] = {nullptr, group_rows<1>, group_rows<2>, group_rows<3>, group_rows<4>,
                                          group_rows<5>, group_rows<6>, group_rows<7>, group_rows<8>};
 
@@ -113,7 +120,7 @@ void configure_tiles(int64_t rows) {
 // One group of 32 output columns for `rows` (<= 16) activation rows; K4 a multiple of 64; tiles configured.
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
 void group_amx(const int8_t* wg, int64_t KB, const uint8_t* xu, int64_t K4, int64_t rows, const int32_t* cs,
-               const float* sq, const float* s, const float* bias, float* y, int64_t N, int64_t n0) {
+               const float* sq, const float* s, const float* bias, const Out& out, int64_t m0, int64_t n0) {
   alignas(64) int32_t acc[2][AMX_ROWS][16];
   _tile_zero(0);
   _tile_zero(1);
@@ -130,9 +137,9 @@ void group_amx(const int8_t* wg, int64_t KB, const uint8_t* xu, int64_t K4, int6
   _tile_stored(0, acc[0], 64);
   _tile_stored(1, acc[1], 64);
   for (int h = 0; h < 2; ++h) {
-    if (n0 + 16 * h >= N) break;
+    if (n0 + 16 * h >= out.end) break;
     for (int64_t m = 0; m < rows; ++m)
-      store_row(_mm512_load_si512(acc[h][m]), cs, sq, s[m], bias, y + m * N, N, n0 + 16 * h);
+      store_row(_mm512_load_si512(acc[h][m]), cs, sq, s[m], bias, out, m0 + m, n0 + 16 * h);
   }
 }
 
@@ -173,17 +180,30 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t K4, bool per_pa
 }  // namespace
 
 // x [M, K] float32 (contiguous), packed [N32 / 32, K4 / 4, 32, 4] int8, colsum128 [N] int32, sq [N] float32 (the
-// weight's scale over 127), bias [N] or None -> y [M, N] float32. amx_from: passes of at least this many rows use
-// AMX tiles where the CPU has them and K4 is a multiple of 64 (0: never); the bits are the same either way.
-torch::Tensor rows(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& colsum128,
-                   const torch::Tensor& sq, const c10::optional<torch::Tensor>& bias, int64_t N, bool per_pass,
-                   int64_t amx_from) {
+// weight's scale over 127), bias [N] or None -> y [M, N] float32, as one tensor per part: `widths` splits the N
+// columns (a fused layer's siblings; each part but the last a multiple of 32 wide; empty: one part). amx_from:
+// passes of at least this many rows use AMX tiles where the CPU has them and K4 is a multiple of 64 (0: never);
+// the bits are the same either way.
+std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& colsum128,
+                                const torch::Tensor& sq, const c10::optional<torch::Tensor>& bias, int64_t N,
+                                bool per_pass, int64_t amx_from, const std::vector<int64_t>& widths) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous float32 [M, K]");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == GROUP && packed.size(3) == 4, "packed: [N/32, K4/4, 32, 4] int8");
   const int64_t M = x.size(0), K = x.size(1), KB = packed.size(1), K4 = KB * 4, groups = packed.size(0);
   TORCH_CHECK(K <= K4 && K4 - K < 4, "x has ", K, " columns; the packed weight takes ", K4);
-  auto y = torch::empty({M, N}, x.options());
-  if (M == 0) return y;
+  std::vector<torch::Tensor> ys;
+  std::vector<Out> outs;  // per group: its part
+  int64_t start = 0;
+  for (size_t i = 0; i < (widths.empty() ? 1 : widths.size()); ++i) {
+    const int64_t width = widths.empty() ? N : widths[i];
+    TORCH_CHECK(width > 0 && start % GROUP == 0, "rows: parts must start at multiples of ", GROUP, " columns");
+    ys.push_back(torch::empty({M, width}, x.options()));
+    for (int64_t n = start; n < start + width; n += GROUP) outs.push_back({ys.back().data_ptr<float>(), width, start,
+                                                                            start + width});
+    start += width;
+  }
+  TORCH_CHECK(start == N && static_cast<int64_t>(outs.size()) == groups, "rows: the parts' widths must sum to ", N);
+  if (M == 0) return ys;
   std::vector<uint8_t> xu(M * K4);
   std::vector<float> s(M);
   quantize_rows(x.data_ptr<float>(), M, K, K4, per_pass, xu.data(), s.data());
@@ -191,7 +211,6 @@ torch::Tensor rows(const torch::Tensor& x, const torch::Tensor& packed, const to
   const int32_t* cs = colsum128.data_ptr<int32_t>();
   const float* sqp = sq.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
   const bool amx = amx_from > 0 && M >= amx_from && K4 % (4 * AMX_STEP) == 0 && amx_ready();
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     int64_t configured = 0;  // the A tile's rows as the tiles are configured on this thread (0: not yet)
@@ -200,18 +219,18 @@ torch::Tensor rows(const torch::Tensor& x, const torch::Tensor& packed, const to
       for (int64_t m0 = 0; m0 < M; m0 += step) {
         const int64_t mb = std::min(step, M - m0);
         if (!amx) {
-          GROUP_FNS[mb](W + g * KB * 128, KB, xu.data() + m0 * K4, K4, cs, sqp, s.data() + m0, bp, yp + m0 * N, N,
+          GROUP_FNS[mb](W + g * KB * 128, KB, xu.data() + m0 * K4, K4, cs, sqp, s.data() + m0, bp, outs[g], m0,
                         g * GROUP);
           continue;
         }
         if (mb != configured) configure_tiles(configured = mb);
-        group_amx(W + g * KB * 128, KB, xu.data() + m0 * K4, K4, mb, cs, sqp, s.data() + m0, bp, yp + m0 * N, N,
+        group_amx(W + g * KB * 128, KB, xu.data() + m0 * K4, K4, mb, cs, sqp, s.data() + m0, bp, outs[g], m0,
                   g * GROUP);
       }
     }
     if (configured) release_tiles();
   });
-  return y;
+  return ys;
 }
 
 bool has_amx() { return amx_ready(); }
@@ -248,144 +267,10 @@ std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
   return {packed, colsum};
 }
 
-// ---- Row attention: one query row over its keys, the arithmetic fixed here (float32) ----
-//
-// softmax(q . k_j * scale (+ mask_j)) . v over the row's keys, per query head (its key/value head h / (H / H_kv)).
-// Every row is computed by the same code whatever else shares the pass, so a block of rows gives each row the
-// bits of a one-token step: what specdec.models.row_attention needs, without one SDPA call per row and layer.
-
-namespace {
-
-// e^x for x <= 0 (scores minus their maximum): 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2], degree-6
-// polynomial (relative error about 2e-7); exact order of operations, so the same x always gives the same bits.
-__attribute__((target("avx512f")))
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-__attribute__((target("avx512f")))
-float dot(const float* a, const float* b, int64_t d) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= d; i += 16) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-  if (i < d) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (d - i)) - 1);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-// One (batch, query head): scores [L] as scratch, out [D].
-__attribute__((target("avx512f")))
-void attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L, int64_t D,
-            float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  float mx = neg_inf;
-  for (int64_t j = 0; j < L; ++j) {
-    float s = dot(q, k + j * k_stride, D) * scale;
-    if (mask_bool && !mask_bool[j]) s = neg_inf;
-    if (mask_add) s = s + mask_add[j];
-    scores[j] = s;
-    mx = std::max(mx, s);
-  }
-  for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
-  if (mx == neg_inf) return;  // no key to attend to: zeros
-  const __m512 vmx = _mm512_set1_ps(mx);
-  __m512 vsum = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= L; j += 16) {
-    const __m512 sc = _mm512_loadu_ps(scores + j);
-    const __mmask16 live = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);  // masked keys: 0
-    const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive(_mm512_sub_ps(sc, vmx)));
-    _mm512_storeu_ps(scores + j, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  if (j < L) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (L - j)) - 1);
-    const __m512 sc = _mm512_maskz_loadu_ps(m, scores + j);
-    const __mmask16 live = m & _mm512_cmp_ps_mask(sc, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);
-    const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive(_mm512_sub_ps(sc, vmx)));
-    _mm512_mask_storeu_ps(scores + j, m, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
-  for (int64_t j2 = 0; j2 < L; ++j2) {
-    const float w = scores[j2];
-    if (w == 0.0f) continue;
-    const float* vj = v + j2 * v_stride;
-    const __m512 vw = _mm512_set1_ps(w);
-    int64_t i = 0;
-    for (; i + 16 <= D; i += 16)
-      _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i), _mm512_mul_ps(vw, _mm512_loadu_ps(vj + i))));
-    for (; i < D; ++i) out[i] = out[i] + w * vj[i];
-  }
-  for (int64_t i = 0; i < D; ++i) out[i] = out[i] * inv;
-}
-
-}  // namespace
-
-// query [B, H, Q, D]; key/value [B, H_kv, L, D] (last dimension contiguous); row (b, i) attends to keys
-// [starts[b, i], ends[b, i]) (int64 [B, Q]); mask None or [B, Q, L] (bool: attend, or float32: added to the
-// scores) -> [B, Q, H, D] float32 (the layout transformers' attention functions return).
+// Defined in row_attention.cpp (the same extension).
 torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                             const torch::Tensor& starts, const torch::Tensor& ends,
-                            const c10::optional<torch::Tensor>& mask, double scale) {
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
-              value.scalar_type() == torch::kFloat32, "row_attention takes float32");
-  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "query [B, H, Q, D], key/value [B, H_kv, L, D]");
-  const auto q = query.contiguous();
-  const int64_t B = q.size(0), H = q.size(1), Q = q.size(2), D = q.size(3), Hkv = key.size(1), L = key.size(2);
-  TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1 && H % Hkv == 0 && key.size(3) == D,
-              "key/value: [B, H_kv, L, D] with a contiguous last dimension");
-  const auto st = starts.to(torch::kInt64).contiguous(), en = ends.to(torch::kInt64).contiguous();
-  TORCH_CHECK(st.numel() == B * Q && en.numel() == B * Q, "starts/ends: [B, Q]");
-  c10::optional<torch::Tensor> m;
-  if (mask.has_value()) {
-    m = mask->contiguous();
-    TORCH_CHECK(m->dim() == 3 && m->size(0) == B && m->size(1) == Q && m->size(2) == L, "mask: [B, Q, L]");
-    TORCH_CHECK(m->scalar_type() == torch::kBool || m->scalar_type() == torch::kFloat32, "mask: bool or float32");
-  }
-  auto out = torch::empty({B, Q, H, D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = key.data_ptr<float>();
-  const float* vp = value.data_ptr<float>();
-  const int64_t* sp = st.data_ptr<int64_t>();
-  const int64_t* ep = en.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t group = H / Hkv;
-  at::parallel_for(0, B * Q * H, 1, [&](int64_t a, int64_t b) {
-    std::vector<float> scores(L);
-    for (int64_t t = a; t < b; ++t) {
-      const int64_t bi = t / (Q * H), i = (t / H) % Q, h = t % H, g = h / group;
-      const int64_t row = bi * Q + i;
-      const int64_t lo = std::max<int64_t>(0, sp[row]), hi = std::min<int64_t>(L, ep[row]);
-      float* o = op + (row * H + h) * D;
-      if (hi <= lo) {
-        for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-        continue;
-      }
-      const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() + row * L + lo : nullptr;
-      const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() + row * L + lo : nullptr;
-      attend(qp + ((bi * H + h) * Q + i) * D, kp + bi * key.stride(0) + g * key.stride(1) + lo * key.stride(2),
-             key.stride(2), vp + bi * value.stride(0) + g * value.stride(1) + lo * value.stride(2), value.stride(2),
-             hi - lo, D, static_cast<float>(scale), mb, ma, scores.data(), o);
-    }
-  });
-  return out;
-}
+                            const c10::optional<torch::Tensor>& mask, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");

@@ -1,0 +1,149 @@
+// specdec's row attention (built into the int8 kernel's extension, src/specdec/models/csrc/int8_vnni.cpp, which
+// binds it): each query row of a pass attends over its own keys with the arithmetic fixed here, so a block of rows
+// gives each row the bits of a one-token step (what specdec.models.row_attention needs).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+// ---- Row attention: one query row over its keys, the arithmetic fixed here (float32) ----
+//
+// softmax(q . k_j * scale (+ mask_j)) . v over the row's keys, per query head (its key/value head h / (H / H_kv)).
+// Every row is computed by the same code whatever else shares the pass, so a block of rows gives each row the
+// bits of a one-token step: what specdec.models.row_attention needs, without one SDPA call per row and layer.
+
+namespace {
+
+// e^x for x <= 0 (scores minus their maximum): 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2], degree-6
+// polynomial (relative error about 2e-7); exact order of operations, so the same x always gives the same bits.
+__attribute__((target("avx512f")))
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+__attribute__((target("avx512f")))
+float dot(const float* a, const float* b, int64_t d) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  if (i < d) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (d - i)) - 1);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// One (batch, query head): scores [L] as scratch, out [D].
+__attribute__((target("avx512f")))
+void attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L, int64_t D,
+            float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float mx = neg_inf;
+  for (int64_t j = 0; j < L; ++j) {
+    float s = dot(q, k + j * k_stride, D) * scale;
+    if (mask_bool && !mask_bool[j]) s = neg_inf;
+    if (mask_add) s = s + mask_add[j];
+    scores[j] = s;
+    mx = std::max(mx, s);
+  }
+  for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
+  if (mx == neg_inf) return;  // no key to attend to: zeros
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 vsum = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= L; j += 16) {
+    const __m512 sc = _mm512_loadu_ps(scores + j);
+    const __mmask16 live = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);  // masked keys: 0
+    const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive(_mm512_sub_ps(sc, vmx)));
+    _mm512_storeu_ps(scores + j, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  if (j < L) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (L - j)) - 1);
+    const __m512 sc = _mm512_maskz_loadu_ps(m, scores + j);
+    const __mmask16 live = m & _mm512_cmp_ps_mask(sc, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);
+    const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive(_mm512_sub_ps(sc, vmx)));
+    _mm512_mask_storeu_ps(scores + j, m, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+  for (int64_t j2 = 0; j2 < L; ++j2) {
+    const float w = scores[j2];
+    if (w == 0.0f) continue;
+    const float* vj = v + j2 * v_stride;
+    const __m512 vw = _mm512_set1_ps(w);
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i), _mm512_mul_ps(vw, _mm512_loadu_ps(vj + i))));
+    for (; i < D; ++i) out[i] = out[i] + w * vj[i];
+  }
+  for (int64_t i = 0; i < D; ++i) out[i] = out[i] * inv;
+}
+
+}  // namespace
+
+// query [B, H, Q, D]; key/value [B, H_kv, L, D] (last dimension contiguous); row (b, i) attends to keys
+// [starts[b, i], ends[b, i]) (int64 [B, Q]); mask None or [B, Q, L] (bool: attend, or float32: added to the
+// scores) -> [B, Q, H, D] float32 (the layout transformers' attention functions return).
+torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                            const torch::Tensor& starts, const torch::Tensor& ends,
+                            const c10::optional<torch::Tensor>& mask, double scale) {
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
+              value.scalar_type() == torch::kFloat32, "row_attention takes float32");
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "query [B, H, Q, D], key/value [B, H_kv, L, D]");
+  const auto q = query.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), Q = q.size(2), D = q.size(3), Hkv = key.size(1), L = key.size(2);
+  TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1 && H % Hkv == 0 && key.size(3) == D,
+              "key/value: [B, H_kv, L, D] with a contiguous last dimension");
+  const auto st = starts.to(torch::kInt64).contiguous(), en = ends.to(torch::kInt64).contiguous();
+  TORCH_CHECK(st.numel() == B * Q && en.numel() == B * Q, "starts/ends: [B, Q]");
+  c10::optional<torch::Tensor> m;
+  if (mask.has_value()) {
+    m = mask->contiguous();
+    TORCH_CHECK(m->dim() == 3 && m->size(0) == B && m->size(1) == Q && m->size(2) == L, "mask: [B, Q, L]");
+    TORCH_CHECK(m->scalar_type() == torch::kBool || m->scalar_type() == torch::kFloat32, "mask: bool or float32");
+  }
+  auto out = torch::empty({B, Q, H, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = key.data_ptr<float>();
+  const float* vp = value.data_ptr<float>();
+  const int64_t* sp = st.data_ptr<int64_t>();
+  const int64_t* ep = en.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = H / Hkv;
+  at::parallel_for(0, B * Q * H, 1, [&](int64_t a, int64_t b) {
+    std::vector<float> scores(L);
+    for (int64_t t = a; t < b; ++t) {
+      const int64_t bi = t / (Q * H), i = (t / H) % Q, h = t % H, g = h / group;
+      const int64_t row = bi * Q + i;
+      const int64_t lo = std::max<int64_t>(0, sp[row]), hi = std::min<int64_t>(L, ep[row]);
+      float* o = op + (row * H + h) * D;
+      if (hi <= lo) {
+        for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+        continue;
+      }
+      const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() + row * L + lo : nullptr;
+      const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() + row * L + lo : nullptr;
+      attend(qp + ((bi * H + h) * Q + i) * D, kp + bi * key.stride(0) + g * key.stride(1) + lo * key.stride(2),
+             key.stride(2), vp + bi * value.stride(0) + g * value.stride(1) + lo * value.stride(2), value.stride(2),
+             hi - lo, D, static_cast<float>(scale), mb, ma, scores.data(), o);
+    }
+  });
+  return out;
+}
