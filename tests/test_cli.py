@@ -499,19 +499,18 @@ def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, mon
 
 
 @pytest.mark.parametrize("given, torch_first, expected", [
-    (None, False, "ACTIVE"),  # specdec's default: threads that spin between parallel regions
-    ("PASSIVE", False, "PASSIVE"),  # never over the user's choice
-    (None, True, None),  # torch loaded OpenMP already: too late to choose, so nothing is set
+    ({}, False, "ACTIVE 10000000"),  # specdec's default: threads that spin between parallel regions, bounded
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, False, "PASSIVE None"),  # never over the user's choice
+    ({"GOMP_SPINCOUNT": "5"}, False, "ACTIVE 5"),
+    ({}, True, "None None"),  # torch loaded OpenMP already: too late to choose, so nothing is set
 ])
 def test_openmp_wait_policy_default(given, torch_first, expected):
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if given is not None:
-        env["OMP_WAIT_POLICY"] = given
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | given
     code = ("import os; " + ("import torch; " if torch_first else "") +
-            "import specdec; print(os.environ.get('OMP_WAIT_POLICY'))")
+            "import specdec; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(expected)
+    assert out.stdout.strip() == expected
 
 
 def test_structured_output_from_the_command_line(capsys, tmp_path):

@@ -21,9 +21,12 @@ import sys as _sys
 # waking sleeping threads for each costs more than the work; llama.cpp's threads poll the same way. The
 # OpenMP runtime reads this once, when torch loads it, so it is set only if torch is not imported yet, and
 # never over your own choice: OMP_WAIT_POLICY=PASSIVE for a machine shared with other busy processes
-# (docs/omp_threads.md).
-if "torch" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+# (docs/omp_threads.md). The spinning is bounded (GOMP_SPINCOUNT, about 0.1-0.5 s): ACTIVE alone spins for
+# 30 billion iterations, so after a pass the idle threads kept a core busy while other work ran, llama.cpp's
+# threads in the same process (the bench's peer: 2x slower) or the other model's.
+if "torch" not in _sys.modules and "OMP_WAIT_POLICY" not in _os.environ:
+    _os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    _os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 from specdec.acceptance import greedy_verification, residual_distribution, speculative_sampling  # noqa: E402
 from specdec.config import GenerationConfig  # noqa: E402
