@@ -104,3 +104,14 @@ def test_the_bench_runs_llama_cpps_own_prompt_lookup_speculation():
     plain, lookup = (llama_cpp_runner(llm, target.eos_token_ids, settings)(ids).tokens for llm in llms)
     assert len(lookup) == 24 and all(0 <= t < target.vocab_size for t in lookup)
     assert lookup[0] == plain[0]  # the first token comes from the prompt's pass in both
+
+
+def test_llama_cpp_extra_buffers_are_on_unless_the_cpu_has_amx_or_the_user_says():
+    """llama.cpp's extra weight buffer types: off where the CPU has AMX (ggml's AMX kernel crashed there), on
+    elsewhere (its fastest configuration on the AVX-512 EPYC); SPECDEC_LLAMA_EXTRA_BUFFERS decides when set."""
+    avx512, amx = {"avx512f", "avx512_vnni"}, {"avx512f", "avx512_vnni", "amx_tile"}
+    assert llama_cpp.extra_buffers_default(avx512, None) and llama_cpp.extra_buffers_default(avx512, "")
+    assert not llama_cpp.extra_buffers_default(amx, None)
+    assert llama_cpp.extra_buffers_default(amx, "1") and not llama_cpp.extra_buffers_default(avx512, "0")
+    with pytest.raises(specdec.SpecDecError, match="SPECDEC_LLAMA_EXTRA_BUFFERS must be 0 or 1, not 'yes'"):
+        llama_cpp.extra_buffers_default(avx512, "yes")

@@ -38,14 +38,25 @@ def installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def extra_buffers_default(cpu_flags: Sequence[str], setting: str | None) -> bool:
+    """Whether llama.cpp loads with its extra weight buffer types: ``setting`` ("0" / "1") if given, else on
+    unless the CPU has AMX (there ggml's AMX kernel crashed with SIGSEGV and the repacked layouts gained
+    nothing, on the AMX Xeon; on the AVX-512 EPYC they are llama.cpp's fastest configuration, about 5% faster:
+    docs/BENCHMARKING.md, docs/cpu_default.md)."""
+    if setting is not None and setting.strip():
+        if setting.strip() not in ("0", "1"):
+            raise SpecDecError(f"SPECDEC_LLAMA_EXTRA_BUFFERS must be 0 or 1, not {setting!r}")
+        return setting.strip() == "1"
+    return "amx_tile" not in cpu_flags
+
+
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None,
                    draft_model: Any = None) -> Any:
     """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt; ``draft_model``:
     llama-cpp-python's own speculative draft, e.g. its ``LlamaPromptLookupDecoding``).
 
-    extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts): off unless this is True
-    or the environment sets ``SPECDEC_LLAMA_EXTRA_BUFFERS=1``; why they are off by default (a crash in
-    the AMX kernel, no speed gain, other greedy outputs) is in docs/BENCHMARKING.md.
+    extra_buffers: llama.cpp's extra weight buffer types (AMX, repacked layouts); None: as
+    ``SPECDEC_LLAMA_EXTRA_BUFFERS`` (0 or 1) says, else :func:`extra_buffers_default`.
     """
     try:
         import llama_cpp
@@ -53,7 +64,9 @@ def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_bu
     except ImportError:
         raise SpecDecError(f"llama.cpp needs llama-cpp-python: {INSTALL}") from None
     if extra_buffers is None:
-        extra_buffers = os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS", "0") == "1"
+        from specdec.sweeps.machine import _cpuinfo
+
+        extra_buffers = extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"))
     defaults = low_level.llama_model_default_params
 
     def model_params() -> Any:
