@@ -135,9 +135,9 @@ def test_int8_decoding_passes_run_serial_outside_the_kernels(monkeypatch):
             return kernel(*args, **kwargs)
         return spy
 
-    # whichever kernel the process runs: fbgemm's op, or the vnni / oneDNN weights' row call
+    # whichever kernel the process runs: fbgemm's op, or the vnni (every layer: its row_parts) / oneDNN row call
     monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", spying(torch.ops.quantized.linear_dynamic), raising=False)
-    monkeypatch.setattr(int8_vnni.VnniWeight, "rows", spying(int8_vnni.VnniWeight.rows))
+    monkeypatch.setattr(int8_vnni.VnniWeight, "row_parts", spying(int8_vnni.VnniWeight.row_parts))
     monkeypatch.setattr(int8_kernels.OnednnWeight, "rows", spying(int8_kernels.OnednnWeight.rows))
     seq = SEQ + SEQ[1:] + SEQ[1:]  # 121 tokens
     session, _ = model.start(seq, len(seq) + 8)

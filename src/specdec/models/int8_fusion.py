@@ -72,6 +72,7 @@ class _Fused:
 
     def __init__(self, layer: Int8Linear, bounds: list[tuple[int, int]]):
         self.layer, self.bounds = layer, bounds
+        self.widths = [end - start for start, end in bounds]
         self._input = self._parts = None
         self._version, self._served = -2, set()
 
@@ -81,8 +82,7 @@ class _Fused:
             # each part contiguous: a pass of several rows would get strided columns from a slice, on which
             # elementwise ops (the MLP's silu and product) run their slow strided loops (measured: silu 1.1 ms a
             # call for 8 rows of the 1.5B, 37 us for 1); the vnni kernel writes the parts apart, no copy
-            widths = [end - start for start, end in self.bounds]
-            self._parts = dict(zip((start for start, _ in self.bounds), self.layer.parts(x, widths)))
+            self._parts = dict(zip((start for start, _ in self.bounds), self.layer.parts(x, self.widths)))
         out = self._parts[member.start]
         self._served.add(id(member))
         if len(self._served) == len(self.bounds):  # every member has its part: hold nothing past the pass

@@ -176,15 +176,13 @@ class Int8Linear(torch.nn.Module):
         return [y.reshape(*x.shape[:-1], width) for y, width in zip(ys, widths)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "vnni":  # rows quantized in the kernel, bias added there: block-invariant (per_pass: not)
+            return self.parts(x, (self.out_features,))[0]
         self.wait_packed()
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        if self.kernel == "vnni":  # rows quantized in the kernel, bias added there: block-invariant (per_pass: not)
-            with threads.parallel_kernel():
-                y = self._packed.rows(x2, not self.pinned, self.bias)  # [M, N]
-            return y.reshape(*shape[:-1], self.out_features)
         if self.kernel == "onednn":  # rows quantized by specdec: block-invariant (per_pass: not)
             with threads.parallel_kernel():
                 y = self._packed.rows(x2, per_pass=not self.pinned)  # [M, N]

@@ -43,11 +43,12 @@ def extra_buffers_default(cpu_flags: Sequence[str], setting: str | None) -> bool
     unless the CPU has AMX (there ggml's AMX kernel crashed with SIGSEGV and the repacked layouts gained
     nothing, on the AMX Xeon; on the AVX-512 EPYC they are llama.cpp's fastest configuration, about 5% faster:
     docs/BENCHMARKING.md, docs/cpu_default.md)."""
-    if setting is not None and setting.strip():
-        if setting.strip() not in ("0", "1"):
-            raise SpecDecError(f"SPECDEC_LLAMA_EXTRA_BUFFERS must be 0 or 1, not {setting!r}")
-        return setting.strip() == "1"
-    return "amx_tile" not in cpu_flags
+    value = (setting or "").strip()
+    if not value:
+        return "amx_tile" not in cpu_flags
+    if value not in ("0", "1"):
+        raise SpecDecError(f"SPECDEC_LLAMA_EXTRA_BUFFERS must be 0 or 1, not {setting!r}")
+    return value == "1"
 
 
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None,
