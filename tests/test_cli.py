@@ -65,7 +65,7 @@ def test_generate_streams_text_and_prints_statistics(capsys, model_dir):
     assert "mean accepted length" in out and "alpha 1.000" in out  # the target drafting for itself
 
 
-def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys, model_dir):
+def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(capsys, model_dir):
     code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir + ":int8",
                        "--dtype", "fp32", "--max-new-tokens", "10", "--json")
     plain = specdec.generate(specdec.load(model_dir, dtype="fp32"), "w1 w2 w3", max_new_tokens=10)
@@ -75,9 +75,17 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_int8_on_cpu(capsys
     def spec(*argv):
         return draft_spec(build_parser().parse_args(["generate", "x", *argv]))
 
-    # int8 on CPU, drafted for by prompt lookup; unquantized on CUDA (dynamic int8 is CPU-only); an explicit
-    # choice wins everywhere
-    assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+    # int4 on CPUs with AVX-512 VNNI (specdec's kernel), int8 on the others, drafted for by prompt lookup;
+    # unquantized on CUDA (the int8/int4 kernels are CPU-only); an explicit choice wins everywhere
+    from specdec.models import int8_vnni
+
+    quant = "int4" if int8_vnni.cpu_supported() else "int8"
+    assert spec("--device", "cpu") == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(int8_vnni, "cpu_supported", lambda: False)
+        assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+        patch.setattr(int8_vnni, "cpu_supported", lambda: True)
+        assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int4<-prompt-lookup"
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
     assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"  # the batch engine drafts with one model
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
@@ -259,8 +267,8 @@ def no_loading(monkeypatch):
     [
         (["--draft", "nosuch"], "unknown model 'nosuch': not a preset, an existing path or a hub id"),
         (["--draft", "nosuch"], "as a draft, also accepted: prompt-lookup, suffix, unigram, bigram, random, grammar, none"),
-        (["--quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
-        (["--draft-quantize", "int4"], "unknown quantization 'int4'; use one of: int8"),
+        (["--quantize", "int3"], "unknown quantization 'int3'; use one of: int8"),
+        (["--draft-quantize", "int3"], "unknown quantization 'int3'; use one of: int8"),
         (["--target", "qwen-coder"], "unknown model 'qwen-coder'"),
         (["--target", "missing.gguf"], "GGUF file not found: missing.gguf"),
         (["--dtype", "int3"], "unknown dtype 'int3'"),

@@ -107,8 +107,8 @@ def test_format_1_folder_is_rebuilt(monkeypatch, tmp_path):
 
 
 def test_unknown_variant():
-    with pytest.raises(specdec.SpecDecError, match="unknown preset variant 'int4'"):
-        resolve_preset("smollm2-135m", variant="int4", progress=False)
+    with pytest.raises(specdec.SpecDecError, match="unknown preset variant 'int3'"):
+        resolve_preset("smollm2-135m", variant="int3", progress=False)
 
 
 @pytest.mark.parametrize(
@@ -131,8 +131,8 @@ def test_load_asks_for_the_variant_it_runs_in(monkeypatch, kwargs, variant):
 
 def test_load_rejects_an_unknown_quantization_before_converting(monkeypatch):
     monkeypatch.setattr(presets, "resolve_preset", lambda *a, **k: pytest.fail("converted"))
-    with pytest.raises(specdec.SpecDecError, match="unknown quantization 'int4'"):
-        specdec.load("smollm2-135m", quantize="int4")
+    with pytest.raises(specdec.SpecDecError, match="unknown quantization 'int3'"):
+        specdec.load("smollm2-135m", quantize="int3")
 
 
 # ---------------------------------------------------------------------------------------------

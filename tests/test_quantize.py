@@ -302,8 +302,8 @@ def test_int8_target_keeps_its_distribution():
 
 
 def test_unknown_quantization():
-    with pytest.raises(specdec.SpecDecError, match="unknown quantization 'int4'; use one of: int8, int8-tensor"):
-        quantized_copy(load_tiny(), "int4")
+    with pytest.raises(specdec.SpecDecError, match="unknown quantization 'int3'; use one of: int8, int8-tensor, int4"):
+        quantized_copy(load_tiny(), "int3")
 
 
 def test_a_loaded_model_is_not_quantized_silently():

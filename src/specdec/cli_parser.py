@@ -20,12 +20,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: preset, folder, hub id or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", action="append", default=None, metavar="SPEC",
                    help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
-                        ":int8 or :int8-tensor, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
+                        ":int8, :int8-tensor or :int4, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
                         "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
                         "decoding (default: qwen2.5-coder-0.5b:int8<-prompt-lookup on CPU, qwen2.5-coder-0.5b on CUDA)")
     p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
     p.add_argument("--draft-quantize", default=None, metavar="METHOD",
-                   help="int8 or int8-tensor for every model level of --draft that names no quantization of its own "
+                   help="int8, int8-tensor or int4 for every model level of --draft that names no quantization of its own "
                         "(the same as writing :METHOD after it); never changes the output")
     p.add_argument("--device", default=None,
                    help="auto (default: CUDA when available, else CPU), cpu, cuda or cuda:N; target and draft run there")

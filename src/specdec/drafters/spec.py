@@ -3,8 +3,9 @@
     SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
     LEVEL := NAME [":" QUANT] ["@" N] NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
                                       drafter (prompt-lookup, suffix, unigram, bigram, random, grammar); QUANT: int8,
-                                      int8-tensor or llama-cpp (model levels only; without it the model
-                                      runs unquantized; llama-cpp: its GGUF in llama.cpp); N: the model
+                                      int8-tensor, int4 (AVX-512 VNNI CPUs) or llama-cpp (model levels
+                                      only; without it the model runs unquantized; llama-cpp: its GGUF in
+                                      llama.cpp); N: the model
                                       drafts from its vocabulary's first N ids only (and its end-of-sequence
                                       ids; a cheaper head, still exact: specdec.models.draft_head), e.g. 65536
 
@@ -20,14 +21,14 @@ from typing import Any, NamedTuple, Sequence
 
 from specdec.errors import SpecDecError
 
-QUANTIZATIONS = ("int8", "int8-tensor", "llama-cpp")  # llama-cpp: the GGUF run by llama.cpp
+QUANTIZATIONS = ("int8", "int8-tensor", "int4", "llama-cpp")  # llama-cpp: the GGUF run by llama.cpp
 HIERARCHY_ARROW = "<-"
 PLAIN = "none"  # no draft: plain decoding
 
 
 class DraftLevel(NamedTuple):
     name: str  # a model or a parameter-free drafter
-    quantize: str | None  # int8 / int8-tensor for a model level, else None
+    quantize: str | None  # int8 / int8-tensor / int4 / llama-cpp for a model level, else None
     vocabulary: int | None = None  # a model level's head keeps the first N ids (None: all of them)
 
 

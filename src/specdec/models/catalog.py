@@ -26,6 +26,7 @@ VARIANTS = {
     "fp32": "model.fp32.safetensors",
     "int8": "model.int8.safetensors",
     "int8-tensor": "model.int8-tensor.safetensors",
+    "int4": "model.int4.safetensors",
 }
 
 

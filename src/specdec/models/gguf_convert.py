@@ -196,12 +196,14 @@ def convert(
             # one file (no shards): the variant is then one atomic rename away from the folder
             model.save_pretrained(out, variant=None if variant == "bf16" else variant, max_shard_size="1000GB")
         else:
+            from specdec.models.int4_vnni import int4_weights
             from specdec.models.int8_storage import save_quantized
             from specdec.models.quantize import quantized_weights
 
             model.config.save_pretrained(out)
             model.generation_config.save_pretrained(out)
-            weights = quantized_weights(model, variant, free_floats=True)  # (nothing packed: only saved)
+            weights = (int4_weights(model, free_floats=True) if variant == "int4"  # (in the kernel's layout)
+                       else quantized_weights(model, variant, free_floats=True))  # (nothing packed: only saved)
             save_quantized(model, out / VARIANTS[variant], variant, weights=weights,
                            blocks=_exact_blocks(model, gguf_path, skip=weights))
         del model

@@ -65,6 +65,13 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
     tensors: dict[str, torch.Tensor] = {}
     modules: dict[str, dict] = {}
     for name, (weight, bias) in weights.items():
+        if method == "int4":  # an Int4Weight: its values and scales as the kernel reads them
+            modules[name] = {"in": weight.in_features, "out": weight.out_features, "bias": bias is not None}
+            for key in ("packed", "dmins", "scs"):
+                tensors[f"{name}.int4_{key}"] = getattr(weight, key)
+            if bias is not None:
+                tensors[f"{name}.bias"] = bias.detach().contiguous()
+            continue
         info = {"in": int(weight.shape[1]), "out": int(weight.shape[0]), "bias": bias is not None}
         tensors[f"{name}.weight_int8"] = weight.int_repr().contiguous()
         if is_per_channel(weight):
@@ -122,6 +129,13 @@ def load_quantized(folder, path, method: str):
             raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
         modules = json.loads(meta[_META_KEY])
         for name, info in modules.items():
+            if method == "int4":
+                from specdec.models.int4_vnni import Int4Weight
+
+                stored = (f.get_tensor(f"{name}.int4_{key}") for key in ("packed", "dmins", "scs"))
+                weights[name] = (Int4Weight(*stored, info["out"], info["in"]),
+                                 f.get_tensor(f"{name}.bias") if info["bias"] else None)
+                continue
             if "axis" in info and info["axis"] != 0:
                 raise SpecDecError(f"{path}: {name} is quantized along axis {info['axis']}; expected 0 (output rows)")
             parts = [(f.get_tensor(f"{name}.weight_int8"), f.get_tensor(f"{name}.weight_scales"),
@@ -130,7 +144,12 @@ def load_quantized(folder, path, method: str):
             weights[name] = (DeferredQWeight(parts, per_channel="axis" in info), bias)  # made as it packs
         # packed on background threads, the largest first: the 0.5B's lm_head packs for as long as all its
         # layers together, so it packs on one thread while the layers pack on the other
-        linears = int8_layers(weights, pool)
+        if method == "int4":  # stored as the kernel reads them: nothing to pack
+            from specdec.models.int4_vnni import int4_layers
+
+            linears = int4_layers(weights)
+        else:
+            linears = int8_layers(weights, pool)
         del weights
         prefixes = tuple(f"{n}." for n in modules)
         for key in f.keys():

@@ -34,7 +34,7 @@ from specdec.errors import SpecDecError
 from specdec.models.int8_weights import DeferredQWeight, is_per_channel
 
 #: The extension's sources: the GEMM (and the module's bindings), the row attention.
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("int8_vnni.cpp", "row_attention.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("int8_vnni.cpp", "int4_vnni.cpp", "row_attention.cpp")]
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4
 QMAX = 127.0

@@ -22,12 +22,21 @@ METHODS = {
     # name: weight observer granularity
     "int8": "per-channel",  # one scale per output row: closer to the float model at the same speed
     "int8-tensor": "per-tensor",
+    # 4-bit weights, a float16 scale and min per 64 input columns of a row, int8 activations (specdec's vnni
+    # extension: AVX-512 VNNI CPUs): half the bytes of int8, for drafts (specdec.models.int4_vnni)
+    "int4": "groups of 64",
 }
 
 
 def check_method(method: str) -> None:
     if method not in METHODS:
         raise SpecDecError(f"unknown quantization {method!r}; use one of: {', '.join(METHODS)}")
+    if method == "int4":
+        from specdec.models import int8_vnni
+
+        if not int8_vnni.cpu_supported():
+            raise SpecDecError("quantize='int4' runs on specdec's vnni kernel, which needs a CPU with AVX-512 VNNI; "
+                               "this one has none: use int8 (e.g. qwen2.5-coder-0.5b:int8)")
 
 
 def is_per_channel(qweight: torch.Tensor) -> bool:

@@ -282,7 +282,7 @@ def _check_sizes(preset: Preset, parts: list[pathlib.Path]) -> None:
 
 
 def _check_disk_space(preset: Preset, models_dir: pathlib.Path, variant: str = "bf16") -> None:
-    per_param = {"fp32": 4, "bf16": 2}.get(variant, 2)  # int8: 1 byte a linear weight, float32 embeddings
+    per_param = {"fp32": 4, "bf16": 2}.get(variant, 2)  # int8 / int4: 1 / 0.6 byte a linear weight, float32 embeddings
     need = preset.size + per_param * preset.params  # joined GGUF + the weights
     free = shutil.disk_usage(models_dir).free
     if free < need:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+from specdec.errors import SpecDecError
+
 from specdec.models import threads
 from specdec.models.int8_fusion import FUSED_SIBLINGS, Int8Slice, int8_layers, put_layers
 from specdec.models.int8_linear import K_ALIGN, Int8Linear, padded_width
@@ -42,6 +44,11 @@ def quantize_hf(hf, method: str) -> None:
     the kernels take float32 activations)."""
     check_method(method)
     hf.float()
+    if method == "int4":
+        from specdec.models.int4_vnni import int4_layers, int4_weights
+
+        put_layers(hf, int4_layers(int4_weights(hf, free_floats=True)))
+        return
     put_layers(hf, int8_layers(quantized_weights(hf, method, free_floats=True)))
 
 
@@ -52,6 +59,8 @@ def quantized_weights(hf, method: str, free_floats: bool = False) -> dict[str, t
     ``free_floats``: each layer's float weight is dropped once quantized (the layer is then only good for
     replacing or saving), so the float model and its int8 copy are never both held."""
     check_method(method)
+    if method == "int4":
+        raise SpecDecError("quantized_weights makes int8 weights; int4 weights: specdec.models.int4_vnni.int4_weights")
     per_channel = METHODS[method] == "per-channel"
     out = {}
     for name, module in hf.named_modules():

@@ -267,7 +267,13 @@ std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
   return {packed, colsum};
 }
 
-// Defined in row_attention.cpp (the same extension).
+// Defined in int4_vnni.cpp and row_attention.cpp (the same extension).
+std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& dmins,
+                                 const torch::Tensor& scs, const c10::optional<torch::Tensor>& bias, int64_t N,
+                                 const std::vector<int64_t>& widths);
+std::vector<torch::Tensor> quantize4(const torch::Tensor& weight);
+std::vector<torch::Tensor> layout4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& dmin,
+                                   const torch::Tensor& sc, const torch::Tensor& m);
 torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                             const torch::Tensor& starts, const torch::Tensor& ends,
                             const c10::optional<torch::Tensor>& mask, double scale);
@@ -276,5 +282,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");
   m.def("pack", &pack, "int8 [N_i, K] parts -> (the GEMM's packed layout, 128 * row sums), one pass");
   m.def("has_amx", &has_amx, "whether the GEMM can use AMX tiles here (the CPU has them and Linux allows them)");
+  m.def("rows4", &rows4, "int4 GEMM (Q4_K arithmetic) over row-quantized int8 activations, exact int32 sums");
+  m.def("quantize4", &quantize4, "float32 [N, K] -> its Q4_K form (q, d, dmin, sc, m)");
+  m.def("layout4", &layout4, "a Q4_K form (q, d, dmin, sc, m) -> the int4 GEMM's layout (packed, dmins, scs)");
   m.def("row_attention", &row_attention, "attention, each query row over its own keys, float32, fixed arithmetic");
 }

@@ -1,0 +1,163 @@
+"""int4 weights for specdec's AVX-512 VNNI kernel (``csrc/int4_vnni.cpp``): about half the bytes of int8.
+
+A decoding step on a CPU streams every weight once, so its time follows the weights' bytes: the 0.5B draft in int8
+spends two thirds of a step in its int8 GEMM. Here a linear layer's weight has llama.cpp's Q4_K form, ``w = d * sc *
+q - dmin * m`` (q 4 bits a value; sc, m 6 bits per :data:`SUB` input columns; d, dmin float16 per :data:`SUPER`):
+4.6 bits a weight, and a GGUF's Q4_K tensors come in exactly as stored (:func:`from_q4k`). The kernel multiplies it
+with the activations quantized per row to int8, exactly as the int8 kernel quantizes them, sums each sub-block's
+products exactly in int32 and folds the sub-blocks into float32 in a fixed order. A row's output depends on its own
+input row only, so an int4 model is block-invariant like the int8 one (its verification passes give its plain
+steps' bits).
+
+A draft's weights only change how often its tokens are accepted, never what the target generates: specdec's
+default CPU draft is the 0.5B in int4 where the CPU has AVX-512 VNNI (``qwen2.5-coder-0.5b:int4``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specdec.errors import SpecDecError
+from specdec.models import int8_vnni
+from specdec.models.int8_fusion import FUSED_SIBLINGS, Int8Slice, _Fused
+from specdec.models.int8_linear import Int8Linear
+
+#: Input columns per sub-block (one 6-bit sc and m each) and per super-block (one float16 d and dmin each).
+SUB, SUPER = 32, 256
+
+
+class Int4Weight:
+    """A linear weight [out, in] in the int4 kernel's layout: ``packed`` [ceil(out / 32), in_p / 4, 64] uint8 (two
+    values a byte), ``dmins`` [ceil(out / 32), in_p / 256, 64] float16 (32 d, then 32 dmin) and ``scs``
+    [ceil(out / 32), in_p / 32, 64] uint8 (32 sc, then 32 m), in_p = in rounded up to :data:`SUPER`."""
+
+    def __init__(self, packed: torch.Tensor, dmins: torch.Tensor, scs: torch.Tensor, out_features: int,
+                 in_features: int):
+        self.packed, self.dmins, self.scs = packed, dmins, scs
+        self.out_features, self.in_features = out_features, in_features
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> "Int4Weight":
+        """A float weight [out, in] quantized into the Q4_K form (per sub-block min and max; see ``quantize4``)."""
+        ext = int8_vnni.extension()
+        return cls(*ext.layout4(*ext.quantize4(weight.detach().float().contiguous())), *weight.shape)
+
+    @classmethod
+    def from_q4k(cls, blocks: np.ndarray, out_features: int, in_features: int) -> "Int4Weight":
+        """A GGUF Q4_K tensor's raw blocks [out, in / 256 * 144] uint8, carried over exactly: the same d, dmin, sc,
+        m and q, so the kernel multiplies by exactly the values llama.cpp does."""
+        return cls(*int8_vnni.extension().layout4(*q4k_parts(blocks, out_features, in_features)), out_features,
+                   in_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, float32 [out, in] (``d * sc * q - dmin * m``)."""
+        groups, lanes = self.packed.shape[0], self.packed.shape[1]
+        nibbles = torch.stack([self.packed & 15, self.packed >> 4], 2).view(groups, lanes, 2, 16, 4)
+        q = nibbles.permute(0, 2, 3, 1, 4).reshape(groups * 32, lanes * 4).float()  # [N32, in_p]
+        dm = self.dmins.float().view(groups, -1, 2, 32).permute(2, 0, 3, 1).reshape(2, groups * 32, -1)
+        sm = self.scs.float().view(groups, -1, 2, 32).permute(2, 0, 3, 1).reshape(2, groups * 32, -1)
+        scale = dm[0].repeat_interleave(SUPER // SUB, 1) * sm[0]  # [N32, in_p / 32]
+        offset = dm[1].repeat_interleave(SUPER // SUB, 1) * sm[1]
+        weight = q * scale.repeat_interleave(SUB, 1) - offset.repeat_interleave(SUB, 1)
+        return weight[: self.out_features, : self.in_features]
+
+    def qweight(self) -> torch.Tensor:
+        raise SpecDecError("an int4 layer has no qint8 weight; dequantized() gives its float32 values")
+
+    def rows(self, x2: torch.Tensor, per_pass: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x2 [M, in] float32 -> [M, out] float32, bias added."""
+        return self.row_parts(x2, (), per_pass, bias)[0]
+
+    def row_parts(self, x2: torch.Tensor, widths: Sequence[int], per_pass: bool = False,
+                  bias: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The output in column parts ``widths`` (each but the last starting at a multiple of 32), each [M, w_i]
+        contiguous (see :meth:`specdec.models.int8_vnni.VnniWeight.row_parts`)."""
+        if per_pass:
+            raise SpecDecError("an int4 layer quantizes every activation row on its own; it has no per-pass mode")
+        return int8_vnni.extension().rows4(x2.contiguous(), self.packed, self.dmins, self.scs, bias,
+                                           self.out_features, list(widths))
+
+
+#: Bytes of one Q4_K block (256 values): d, dmin (float16), 12 bytes of packed 6-bit sc and m, 128 of nibbles.
+Q4K_BLOCK_BYTES = 144
+
+
+def q4k_parts(blocks: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, ...]:
+    """Raw Q4_K blocks [rows, cols / 256 * 144] -> (q [rows, cols] uint8, d, dmin [rows, cols / 256] float16, sc,
+    m [rows, cols / 32] uint8), as GGML lays them out: per block d, dmin, then sc and m of its 8 sub-blocks in 12
+    bytes (sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7; 4-7 in the nibbles of bytes 8-11 and the top 2
+    bits of bytes 0-7), then 128 bytes: per 64 values, 32 bytes whose low nibbles are the first 32, high the next."""
+    if cols % SUPER:
+        raise SpecDecError(f"a Q4_K tensor's rows are whole blocks of {SUPER} values, not {cols}")
+    b = np.ascontiguousarray(blocks).reshape(rows, cols // SUPER, Q4K_BLOCK_BYTES)
+    d = b[:, :, 0:2].copy().view(np.float16)[..., 0]
+    dmin = b[:, :, 2:4].copy().view(np.float16)[..., 0]
+    s = b[:, :, 4:16].astype(np.uint8)  # [rows, blocks, 12]
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    qs = b[:, :, 16:].reshape(rows, cols // SUPER, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], 3).reshape(rows, cols)  # per 64: 32 low nibbles, then 32 high
+    return (torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(np.ascontiguousarray(d)),
+            torch.from_numpy(np.ascontiguousarray(dmin)), torch.from_numpy(sc.reshape(rows, -1).copy()),
+            torch.from_numpy(m.reshape(rows, -1).copy()))
+
+
+class Int4Linear(Int8Linear):
+    """A linear layer with an :class:`Int4Weight`, run by the vnni extension's int4 GEMM (rows quantized to int8
+    in the kernel, bias added there): block-invariant, fused siblings served apart like an int8 layer's."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None = None):
+        super().__init__(weight.in_features, weight.out_features, bias)
+        self.kernel, self.width = "vnni", weight.in_features  # (the int8 layer's vnni path, with this weight)
+        self._packed = weight
+
+    def dequantized(self) -> torch.Tensor:
+        return self._packed.dequantized()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int4 (Q4_K form), "
+                f"bias={self.bias is not None}")
+
+
+def int4_layers(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> dict[str, Int8Linear]:
+    """``{layer name: (Int4Weight, bias)}`` -> ``{layer name: layer}``, sibling sets (:data:`FUSED_SIBLINGS`) fused
+    into one weight where each member's rows fill whole packed groups of 32 (their packed rows then stack)."""
+    out: dict[str, Int8Linear] = {}
+    for name, (weight, bias) in weights.items():
+        if name in out:
+            continue
+        parent, _, attr = name.rpartition(".")
+        siblings = next((s for s in FUSED_SIBLINGS if s[0] == attr), None)
+        names = [f"{parent}.{a}" if parent else a for a in siblings] if siblings else [name]
+        members = [weights.get(n) for n in names]
+        if len(names) == 1 or any(m is None or m[0].in_features != weight.in_features
+                                  or m[0].out_features % 32 for m in members):
+            out[name] = Int4Linear(weight, bias)
+            continue
+        fused_weight = Int4Weight(*(torch.cat([getattr(m[0], key) for m in members]) for key in ("packed", "dmins", "scs")),
+                                  sum(m[0].out_features for m in members), weight.in_features)
+        biases = [m[1] if m[1] is not None else torch.zeros(m[0].out_features) for m in members]
+        layer = Int4Linear(fused_weight, torch.cat(biases) if any(m[1] is not None for m in members) else None)
+        ends = list(itertools.accumulate(m[0].out_features for m in members))
+        fused = _Fused(layer, list(zip([0] + ends[:-1], ends)))
+        for n, (start, end) in zip(names, fused.bounds):
+            out[n] = Int8Slice(fused, start, end)
+    return out
+
+
+def int4_weights(hf, free_floats: bool = False) -> dict[str, tuple[Int4Weight, torch.Tensor | None]]:
+    """``{layer name: (Int4Weight, float32 bias or None)}`` for the linear layers of a transformers model (the exact
+    type ``nn.Linear``, as the int8 methods take them); ``free_floats``: each float weight dropped once quantized."""
+    out = {}
+    for name, module in hf.named_modules():
+        if type(module) is not torch.nn.Linear:
+            continue
+        out[name] = (Int4Weight.quantize(module.weight),
+                     None if module.bias is None else module.bias.detach().float())
+        if free_floats:
+            module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)  # (a tied table stays)
+    return out

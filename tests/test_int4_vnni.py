@@ -1,0 +1,129 @@
+"""int4 weights on specdec's vnni extension (specdec.models.int4_vnni): the kernel multiplies by exactly the
+dequantized Q4_K-form weight, each row independent of the others (block invariance); a GGUF's Q4_K blocks come in
+bit for bit (checked against gguf-py's own dequantization); an int4 model is block-invariant and, as a draft, never
+changes the output. Skipped where the CPU has no AVX-512 VNNI (int4 is refused there, tested below)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from specdec.models import int8_vnni
+from specdec.models.int4_vnni import Int4Linear, Int4Weight
+from test_quantize import PROMPT, SEQ, quantized_copy, steps_and_block
+from tiny import load_tiny, perturbed, tiny_gemma3
+
+needs_vnni = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has no AVX-512 VNNI")
+
+
+def reference(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """float64: the rows quantized as the kernel quantizes them, times the dequantized weight."""
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round(x * ((1.0 / scale) * 127.0))
+    y = (q.double() @ weight.dequantized().double().t()) * (scale.double() / 127.0)
+    return y + bias.double() if bias is not None else y
+
+
+@needs_vnni
+@pytest.mark.parametrize("n,k", [(70, 33), (96, 256), (40, 300), (1000, 896)])
+def test_rows_multiply_by_the_dequantized_weight_and_each_depends_on_its_own_input_only(n, k):
+    torch.manual_seed(n + k)
+    w = torch.randn(n, k) * torch.logspace(-2, 0, k)  # columns of different ranges
+    weight = Int4Weight.quantize(w)
+    assert weight.dequantized().shape == (n, k)
+    assert float((weight.dequantized() - w).norm() / w.norm()) < 0.15  # 4 bits: close, not equal
+    bias = torch.randn(n)
+    x = torch.randn(19, k) * torch.logspace(-2, 2, 19).unsqueeze(1)
+    for m in (1, 3, 8, 9, 19):
+        rows = x[:m].contiguous()
+        out = weight.rows(rows, bias=bias)
+        ref = reference(rows, weight, bias)
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+        alone = torch.cat([weight.rows(rows[i:i + 1].contiguous(), bias=bias) for i in range(m)])
+        assert torch.equal(out, alone)
+    parts = weight.row_parts(x, (32, n - 32), bias=bias)
+    assert [p.shape[1] for p in parts] == [32, n - 32] and torch.equal(torch.cat(parts, 1), weight.rows(x, bias=bias))
+    with pytest.raises(specdec.SpecDecError, match="no per-pass mode"):
+        weight.rows(x, per_pass=True)
+
+
+def random_q4k(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random Q4_K blocks [rows, cols / 256 * 144] uint8 with small positive float16 d and dmin."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, 144), dtype=np.uint8)
+    blocks[:, :, 0:2] = rng.uniform(1e-4, 1e-2, size=(rows, cols // 256)).astype(np.float16)[..., None].view(np.uint8)
+    blocks[:, :, 2:4] = rng.uniform(1e-4, 1e-2, size=(rows, cols // 256)).astype(np.float16)[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@needs_vnni
+def test_q4k_blocks_come_in_exactly():
+    from gguf import GGMLQuantizationType, dequantize
+
+    rows, cols = 64, 512
+    blocks = random_q4k(rows, cols)
+    weight = Int4Weight.from_q4k(blocks, rows, cols)
+    theirs = torch.from_numpy(dequantize(blocks, GGMLQuantizationType.Q4_K).reshape(rows, cols).astype(np.float32))
+    assert torch.equal(weight.dequantized(), theirs)
+    broken = blocks.copy()
+    broken[:, 4] ^= 1  # one bit of the first sub-block's sc: that sub-block's values change
+    assert not torch.equal(Int4Weight.from_q4k(broken, rows, cols).dequantized(), theirs)
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "gemma3"])
+def test_an_int4_model_is_block_invariant(kind):
+    model = quantized_copy(tiny_gemma3(eos=None) if kind == "gemma3" else load_tiny(kind, eos=None, hidden=128), "int4")
+    assert model.block_invariant and model.name.endswith("+int4")
+    assert any(isinstance(m, Int4Linear) for m in model.hf_model.modules())
+    for prefix in (3, 9, 17):
+        for k in (2, 5, 9):
+            steps, block = steps_and_block(model, SEQ, prefix, k)
+            assert torch.equal(steps, block), (prefix, k)
+
+
+@needs_vnni
+def test_an_int4_draft_never_changes_the_output():
+    target = quantized_copy(load_tiny("qwen2", eos=None, hidden=128))  # the int8 target, as on CPU by default
+    plain = specdec.generate(target, PROMPT, max_new_tokens=40)
+    draft = quantized_copy(perturbed(load_tiny("qwen2", eos=None, hidden=128), 0.05), "int4")
+    for spec in (draft, [draft, "prompt-lookup"]):
+        for gamma in (1, 4):
+            out = specdec.generate(target, PROMPT, draft=spec, gamma=gamma, max_new_tokens=40)
+            assert out.token_ids == plain.token_ids and out.stats.exact
+    assert out.stats.accepted > 0
+
+
+def test_int4_without_avx512_vnni_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(int8_vnni, "cpu_supported", lambda: False)
+    with pytest.raises(specdec.SpecDecError, match="int4.*needs a CPU with AVX-512 VNNI.*use int8"):
+        quantized_copy(load_tiny(), "int4")
+
+
+@needs_vnni
+def test_a_stored_int4_model_loads_as_it_was_saved(tmp_path):
+    """The preset's int4 file (what the conversion writes: the layers' values and scales as the kernel reads them,
+    the tied table once) loads into a model with the same layers, so the same logits, and no packing."""
+    import copy
+
+    from specdec.models.int4_vnni import int4_weights
+    from specdec.models.quantize import load_quantized, quantize_hf, save_quantized
+    from tiny import tiny_model
+
+    hf = tiny_model(eos=None).float().eval()
+    hf.config.tie_word_embeddings = True
+    hf.tie_weights()
+    hf.save_pretrained(tmp_path)
+    reference = copy.deepcopy(hf)
+    quantize_hf(reference, "int4")
+    path = tmp_path / "model.int4.safetensors"
+    save_quantized(hf, path, "int4", weights=int4_weights(hf, free_floats=True))
+    loaded = load_quantized(tmp_path, path, "int4")
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+    with torch.inference_mode():
+        assert torch.equal(loaded(ids).logits, reference(ids).logits)
+    assert isinstance(loaded.lm_head, Int4Linear)
+    with pytest.raises(specdec.SpecDecError, match="holds 'int4' weights, expected 'int8'"):
+        load_quantized(tmp_path, path, "int8")
