@@ -33,6 +33,8 @@ CONFIGS = {
     # the tokens: the int8 target is block-invariant)
     "bf16": (None, "draft"),
     "int8": ("int8", "int8_draft"),
+    # the int4-mixed target: the GGUF's Q4_K tensors in int4 exactly, the rest in int8 (specdec.models.int4_vnni)
+    "int4-mixed": ("int4-mixed", "int8_draft"),
     # llama.cpp's plain greedy decoding of the same preset's packaged GGUF (Q4_K_M): what CPU users already run
     "q4km": ("llama-cpp", None),
 }

@@ -131,9 +131,17 @@ def test_rows_follow_the_target_distribution_at_temperature_one():
     assert all(r.output.stats.drafted_per_position[2] >= 1 for r in rows["t1"])  # rounds of 3 drafted tokens
 
 
-def test_an_int8_target_row_is_bit_for_bit_whatever_shares_its_batch():
-    """The block-invariant int8 target: a row's logits in a batch of four are the logits it gets alone."""
-    target = quantized_copy(load_tiny(eos=None, hidden=128))
+def quantizations():
+    """int8, and int4 where the CPU runs it (AVX-512 VNNI): the kernels of the CPU's quantized targets."""
+    from specdec.models import int8_vnni
+
+    return ["int8", "int4"] if int8_vnni.cpu_supported() else ["int8"]
+
+
+@pytest.mark.parametrize("method", quantizations())
+def test_an_int8_target_row_is_bit_for_bit_whatever_shares_its_batch(method):
+    """The block-invariant int8 (int4) target: a row's logits in a batch of four are the logits it gets alone."""
+    target = quantized_copy(load_tiny(eos=None, hidden=128), method)
     assert target.block_invariant
 
     def logits_of(rows):
@@ -150,14 +158,15 @@ def test_an_int8_target_row_is_bit_for_bit_whatever_shares_its_batch():
     assert all(torch.equal(shuffled[j], together[i]) for j, i in enumerate([2, 0, 3, 1]))
 
 
+@pytest.mark.parametrize("method", quantizations())
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
-def test_a_batched_int8_row_equals_generate_alone_bit_for_bit(kind):
+def test_a_batched_int8_row_equals_generate_alone_bit_for_bit(kind, method):
     """A block-invariant int8 target: every batched row (rows joining and leaving, ragged acceptance, plain
     and speculative rows) equals what specdec.generate gives its prompt alone, greedy and sampled (the same
     logits draw the same tokens from the same seed). Gemma 3's prompts and outputs outgrow its sliding window."""
     base = load_tiny(eos=None, hidden=128) if kind == "llama" else tiny_gemma3(sliding_window=6, eos=None)
-    target = quantized_copy(base)
-    draft = quantized_copy(perturbed(base, 0.05))
+    target = quantized_copy(base, method)
+    draft = quantized_copy(perturbed(base, 0.05), method)
     configs = [GenerationConfig(max_new_tokens=12 + 3 * (i % 3), gamma=2 + i % 3, temperature=0.0 if i % 2 else 1.0,
                                 seed=i) for i in range(len(PROMPTS))]
     for d in (draft, None):

@@ -127,3 +127,49 @@ def test_a_stored_int4_model_loads_as_it_was_saved(tmp_path):
     assert isinstance(loaded.lm_head, Int4Linear)
     with pytest.raises(specdec.SpecDecError, match="holds 'int4' weights, expected 'int8'"):
         load_quantized(tmp_path, path, "int8")
+
+
+@needs_vnni
+@pytest.mark.parametrize("mixed", [True, False])
+def test_a_ggufs_q4k_layers_come_in_exactly_and_the_rest_as_the_method_says(tmp_path, mixed):
+    """int4-mixed (int4): a layer the GGUF stores as Q4_K whose float weight is its dequantization comes in as those
+    blocks; a layer stored with another type, one whose float weight differs from the file's, or one the file lacks
+    becomes int8 (is quantized into int4)."""
+    import gguf
+
+    from specdec.models.int4_vnni import int4_weights
+    from tiny import tiny_model
+
+    hf = tiny_model("qwen2", hidden=256, eos=None).float().eval()
+    layer0, layer1 = hf.model.layers[0], hf.model.layers[1]
+    writer = gguf.GGUFWriter(tmp_path / "m.gguf", "qwen2")
+    writer.add_block_count(2)
+    stored = {"blk.0.attn_q.weight": (layer0.self_attn.q_proj, random_q4k(256, 256, 1), gguf.GGMLQuantizationType.Q4_K),
+              "blk.1.ffn_down.weight": (layer1.mlp.down_proj, random_q4k(256, 512, 2), gguf.GGMLQuantizationType.Q4_K),
+              "blk.0.attn_v.weight": (layer0.self_attn.v_proj, None, gguf.GGMLQuantizationType.Q8_0)}
+    for name, (module, raw, kind) in stored.items():
+        if raw is None:
+            raw = gguf.quantize(module.weight.detach().numpy(), kind)
+        writer.add_tensor(name, raw, raw_dtype=kind)
+        values = gguf.dequantize(raw, kind).reshape(module.weight.shape)
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(values.astype(np.float32)))
+    with torch.no_grad():
+        layer1.mlp.down_proj.weight[0, 0] += 1.0  # no longer the file's values
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    q_float = layer0.self_attn.q_proj.weight.detach().clone()
+    weights = int4_weights(hf, gguf_path=tmp_path / "m.gguf", mixed=mixed)
+    exact = weights["model.layers.0.self_attn.q_proj"][0]
+    assert isinstance(exact, Int4Weight) and torch.equal(exact.dequantized(), q_float)
+    for name in ("model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj", "model.layers.0.mlp.up_proj"):
+        weight = weights[name][0]
+        assert (isinstance(weight, torch.Tensor) and weight.is_quantized) if mixed else isinstance(weight, Int4Weight)
+
+
+@needs_vnni
+def test_int4_mixed_needs_a_ggufs_tensor_types():
+    with pytest.raises(specdec.SpecDecError, match="int4-mixed' follows the tensor types of a preset's GGUF.*use int4 or int8"):
+        quantized_copy(load_tiny(), "int4-mixed")

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specdec.errors import SpecDecError
 
-QUANTIZATIONS = ("int8", "int8-tensor", "int4", "llama-cpp")  # llama-cpp: the GGUF run by llama.cpp
+QUANTIZATIONS = ("int8", "int8-tensor", "int4", "int4-mixed", "llama-cpp")  # llama-cpp: the GGUF run by llama.cpp
 HIERARCHY_ARROW = "<-"
 PLAIN = "none"  # no draft: plain decoding
 

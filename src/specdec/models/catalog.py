@@ -27,6 +27,7 @@ VARIANTS = {
     "int8": "model.int8.safetensors",
     "int8-tensor": "model.int8-tensor.safetensors",
     "int4": "model.int4.safetensors",
+    "int4-mixed": "model.int4-mixed.safetensors",
 }
 
 

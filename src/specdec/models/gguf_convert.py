@@ -202,8 +202,10 @@ def convert(
 
             model.config.save_pretrained(out)
             model.generation_config.save_pretrained(out)
-            weights = (int4_weights(model, free_floats=True) if variant == "int4"  # (in the kernel's layout)
-                       else quantized_weights(model, variant, free_floats=True))  # (nothing packed: only saved)
+            if variant in ("int4", "int4-mixed"):  # in the kernel's layout; the GGUF's Q4_K tensors exactly
+                weights = int4_weights(model, True, gguf_path, mixed=variant == "int4-mixed")
+            else:
+                weights = quantized_weights(model, variant, free_floats=True)  # (nothing packed: only saved)
             save_quantized(model, out / VARIANTS[variant], variant, weights=weights,
                            blocks=_exact_blocks(model, gguf_path, skip=weights))
         del model

@@ -149,15 +149,47 @@ def int4_layers(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> d
     return out
 
 
-def int4_weights(hf, free_floats: bool = False) -> dict[str, tuple[Int4Weight, torch.Tensor | None]]:
-    """``{layer name: (Int4Weight, float32 bias or None)}`` for the linear layers of a transformers model (the exact
-    type ``nn.Linear``, as the int8 methods take them); ``free_floats``: each float weight dropped once quantized."""
+def int4_weights(hf, free_floats: bool = False, gguf_path=None, mixed: bool = False) -> dict:
+    """``{layer name: (weight, float32 bias or None)}`` for the linear layers of a transformers model (the exact type
+    ``nn.Linear``, as the int8 methods take them), each weight an :class:`Int4Weight`. With ``gguf_path`` (the GGUF the
+    model was dequantized from) a layer stored there as Q4_K comes in exactly, checked value for value against the
+    float weight; ``mixed``: every other layer (stored with more bits: Q5_0, Q6_K, Q8_0) becomes a qint8 weight (the
+    ``int8`` method's), else it is quantized into int4. ``free_floats``: each float weight dropped once converted."""
+    from specdec.models.int8_weights import quantize_weight
+
+    stored = _gguf_linears(hf, gguf_path) if gguf_path is not None else {}
     out = {}
     for name, module in hf.named_modules():
         if type(module) is not torch.nn.Linear:
             continue
-        out[name] = (Int4Weight.quantize(module.weight),
-                     None if module.bias is None else module.bias.detach().float())
+        weight, raw = None, stored.get(name)
+        if raw is not None and raw.tensor_type.name == "Q4_K":
+            exact = Int4Weight.from_q4k(np.asarray(raw.data), *module.weight.shape)
+            weight = exact if torch.equal(exact.dequantized(), module.weight.detach().float()) else None
+        if weight is None:
+            weight = quantize_weight(module.weight, True) if mixed else Int4Weight.quantize(module.weight)
+        out[name] = (weight, None if module.bias is None else module.bias.detach().float())
         if free_floats:
             module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)  # (a tied table stays)
     return out
+
+
+def _gguf_linears(hf, gguf_path) -> dict:
+    """``{linear layer name: its GGUF tensor}`` by gguf-py's tensor name map of the file's architecture."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields["general.architecture"]
+    arch = bytes(field.parts[field.data[0]]).decode()
+    archs = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}
+    if arch not in archs:
+        return {}
+    blocks = int(reader.fields[f"{arch}.block_count"].parts[-1][0])
+    names = gguf.get_tensor_name_map(archs[arch], blocks)
+    tensors = {t.name: t for t in reader.tensors}
+    found = {}
+    for name, module in hf.named_modules():
+        gguf_name = names.get_name(name) if type(module) is torch.nn.Linear else None
+        if gguf_name and f"{gguf_name}.weight" in tensors:
+            found[name] = tensors[f"{gguf_name}.weight"]
+    return found

@@ -65,7 +65,7 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
     tensors: dict[str, torch.Tensor] = {}
     modules: dict[str, dict] = {}
     for name, (weight, bias) in weights.items():
-        if method == "int4":  # an Int4Weight: its values and scales as the kernel reads them
+        if not isinstance(weight, torch.Tensor):  # an Int4Weight: its values and scales as the kernel reads them
             modules[name] = {"in": weight.in_features, "out": weight.out_features, "bias": bias is not None}
             for key in ("packed", "dmins", "scs"):
                 tensors[f"{name}.int4_{key}"] = getattr(weight, key)
@@ -128,13 +128,15 @@ def load_quantized(folder, path, method: str):
         if meta.get("specdec_quantization") != method:
             raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
         modules = json.loads(meta[_META_KEY])
+        int4: dict = {}  # the int4 layers (an int4 variant may keep some in int8: int4-mixed)
+        keys = set(f.keys())
         for name, info in modules.items():
-            if method == "int4":
+            if f"{name}.int4_packed" in keys:
                 from specdec.models.int4_vnni import Int4Weight
 
                 stored = (f.get_tensor(f"{name}.int4_{key}") for key in ("packed", "dmins", "scs"))
-                weights[name] = (Int4Weight(*stored, info["out"], info["in"]),
-                                 f.get_tensor(f"{name}.bias") if info["bias"] else None)
+                int4[name] = (Int4Weight(*stored, info["out"], info["in"]),
+                              f.get_tensor(f"{name}.bias") if info["bias"] else None)
                 continue
             if "axis" in info and info["axis"] != 0:
                 raise SpecDecError(f"{path}: {name} is quantized along axis {info['axis']}; expected 0 (output rows)")
@@ -144,12 +146,11 @@ def load_quantized(folder, path, method: str):
             weights[name] = (DeferredQWeight(parts, per_channel="axis" in info), bias)  # made as it packs
         # packed on background threads, the largest first: the 0.5B's lm_head packs for as long as all its
         # layers together, so it packs on one thread while the layers pack on the other
-        if method == "int4":  # stored as the kernel reads them: nothing to pack
+        linears = int8_layers(weights, pool) if weights else {}
+        if int4:  # stored as the kernel reads them: nothing to pack
             from specdec.models.int4_vnni import int4_layers
 
-            linears = int4_layers(weights)
-        else:
-            linears = int8_layers(weights, pool)
+            linears.update(int4_layers(int4))
         del weights
         prefixes = tuple(f"{n}." for n in modules)
         for key in f.keys():

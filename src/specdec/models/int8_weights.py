@@ -22,20 +22,23 @@ METHODS = {
     # name: weight observer granularity
     "int8": "per-channel",  # one scale per output row: closer to the float model at the same speed
     "int8-tensor": "per-tensor",
-    # 4-bit weights, a float16 scale and min per 64 input columns of a row, int8 activations (specdec's vnni
-    # extension: AVX-512 VNNI CPUs): half the bytes of int8, for drafts (specdec.models.int4_vnni)
-    "int4": "groups of 64",
+    # 4-bit weights in llama.cpp's Q4_K form, int8 activations (specdec's vnni extension: AVX-512 VNNI CPUs): about
+    # half the bytes of int8, for drafts (specdec.models.int4_vnni)
+    "int4": "Q4_K form",
+    # a preset's GGUF as close as the kernels carry it: its Q4_K tensors in int4 exactly, the rest (Q5_0, Q6_K,
+    # Q8_0: more bits) in int8; the CPU's quantized target where the CPU has AVX-512 VNNI (docs/int8_target.md)
+    "int4-mixed": "Q4_K tensors int4, the rest int8",
 }
 
 
 def check_method(method: str) -> None:
     if method not in METHODS:
         raise SpecDecError(f"unknown quantization {method!r}; use one of: {', '.join(METHODS)}")
-    if method == "int4":
+    if method.startswith("int4"):
         from specdec.models import int8_vnni
 
         if not int8_vnni.cpu_supported():
-            raise SpecDecError("quantize='int4' runs on specdec's vnni kernel, which needs a CPU with AVX-512 VNNI; "
+            raise SpecDecError(f"quantize={method!r} runs on specdec's vnni kernel, which needs a CPU with AVX-512 VNNI; "
                                "this one has none: use int8 (e.g. qwen2.5-coder-0.5b:int8)")
 
 

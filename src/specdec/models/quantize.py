@@ -44,6 +44,9 @@ def quantize_hf(hf, method: str) -> None:
     the kernels take float32 activations)."""
     check_method(method)
     hf.float()
+    if method == "int4-mixed":
+        raise SpecDecError("quantize='int4-mixed' follows the tensor types of a preset's GGUF (Q4_K in int4, the rest "
+                           "in int8); this model has none: use int4 or int8")
     if method == "int4":
         from specdec.models.int4_vnni import int4_layers, int4_weights
 
@@ -59,7 +62,7 @@ def quantized_weights(hf, method: str, free_floats: bool = False) -> dict[str, t
     ``free_floats``: each layer's float weight is dropped once quantized (the layer is then only good for
     replacing or saving), so the float model and its int8 copy are never both held."""
     check_method(method)
-    if method == "int4":
+    if method.startswith("int4"):
         raise SpecDecError("quantized_weights makes int8 weights; int4 weights: specdec.models.int4_vnni.int4_weights")
     per_channel = METHODS[method] == "per-channel"
     out = {}
