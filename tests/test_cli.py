@@ -99,13 +99,20 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     assert spec("--device", "cpu", "--draft-quantize", "int8-tensor") == "qwen2.5-coder-0.5b:int8-tensor"
 
 
-def test_the_default_target_is_the_exact_int8_target_on_cpu(monkeypatch):
+def test_the_default_target_is_an_exact_quantized_target_on_cpu(monkeypatch):
     from specdec.cli import build_parser, target_quantization
+    from specdec.models import int8_vnni
 
     def quantize(*argv):
         return target_quantization(build_parser().parse_args(["generate", "x", *argv]))
 
-    assert quantize("--device", "cpu") == "int8"  # the packaged target, nothing asked
+    # the packaged target, nothing asked: int4-mixed where the CPU has AVX-512 VNNI, else int8
+    assert quantize("--device", "cpu") == ("int4-mixed" if int8_vnni.cpu_supported() else "int8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(int8_vnni, "cpu_supported", lambda: False)
+        assert quantize("--device", "cpu") == "int8"
+        patch.setattr(int8_vnni, "cpu_supported", lambda: True)
+        assert quantize("--device", "cpu") == "int4-mixed"
     assert quantize("--device", "cpu", "--quantize", "none") is None  # bf16 on request
     assert quantize("--device", "cpu", "--dtype", "fp32") is None  # a dtype asked: the float model
     assert quantize("--device", "cpu", "--target", "some/folder") is None  # another target: as it is

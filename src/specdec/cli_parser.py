@@ -33,11 +33,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="CUDA: compile the captured decoding steps with inductor (about a minute per step width and "
                         "model at start-up, then faster steps; worth it for long runs and servers)")
     p.add_argument("--quantize", default=None, metavar="METHOD",
-                   help="quantize the TARGET: int8 (or int8-tensor), a block-invariant int8 model (CPU): about twice "
-                        "as fast as bf16 where bf16 is slow, and speculative decoding with it is exact (its output "
-                        "equals the int8 model's own plain decoding); a different model from the original (README, "
-                        "'The int8 target', has its quality). Default: int8 for the packaged target on CPU without "
-                        "--dtype; 'none' keeps it in bf16")
+                   help="quantize the TARGET (CPU): int8 (or int8-tensor), int4-mixed (a preset GGUF's Q4_K tensors "
+                        "in int4 exactly, the rest int8; AVX-512 VNNI CPUs) or int4: a block-invariant model, so "
+                        "speculative decoding with it is exact (its output equals the quantized model's own plain "
+                        "decoding); a different model from the float one (docs/int8_target.md, docs/int4.md have "
+                        "their quality). Default for the packaged target on CPU without --dtype: int4-mixed where "
+                        "the CPU has AVX-512 VNNI, else int8; 'none' keeps it in bf16")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft tokens per target call (default: 4, constant; with one int8 model draft alone, start "
                         f"at {INT8_DRAFT_GAMMA} and adapt)")

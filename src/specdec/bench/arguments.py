@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the prompt and generated text), or a text file PATH")
     add_dtype_argument(parser)
     parser.add_argument("--quantize", default=None, metavar="METHOD",
-                        help="quantize the TARGET (int8 or int8-tensor: the block-invariant int8 model); every method "
+                        help="quantize the TARGET (int8, int8-tensor, int4-mixed or int4: block-invariant models); every method "
                              "then runs the quantized target, and speculative output equals its plain decoding")
     parser.add_argument("--methods", default=None,
                         help=f"comma list out of: {', '.join(METHODS)} (default: all; llama-cpp only when "

@@ -141,5 +141,5 @@ def check_quantize(quantize: str | None, device: torch.device | None) -> None:
 
     check_method(quantize)
     if (device or resolve_device("auto")).type != "cpu":
-        raise SpecDecError(f"quantize={quantize!r} (dynamic int8) runs on CPU only; on a GPU load the draft in bf16 "
+        raise SpecDecError(f"quantize={quantize!r} (specdec's int8 / int4 kernels) runs on CPU only; on a GPU load the draft in bf16 "
                            "(drop --draft-quantize / quantize=) or pass device='cpu'")
