@@ -72,7 +72,15 @@ template <int MB>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void group_rows4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp, const int8_t* xq,
                  const int32_t* xsum, const float* sr, const float* bias, const Out4& out, int64_t m0, int64_t n0) {
-  alignas(64) float f[MB][2][16] = {};  // the float sums (in L1: registers hold the int32 sums)
+  // the float sums: in registers for up to 4 rows; in L1 for more (the registers hold the int32 sums)
+  constexpr bool in_registers = MB <= 4;
+  __m512 fr[in_registers ? MB : 1][2];
+  alignas(64) float fm[in_registers ? 1 : MB][2][16];
+  for (int m = 0; m < MB; ++m)
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (in_registers) fr[m][h] = _mm512_setzero_ps();
+      else _mm512_store_ps(fm[m][h], _mm512_setzero_ps());
+    }
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < Kp / SUPER; ++b) {
     const __m256i* dp = reinterpret_cast<const __m256i*>(dg + b * 2 * GROUP4);
@@ -99,8 +107,10 @@ void group_rows4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int6
       for (int m = 0; m < MB; ++m) {
         const __m512 xs = _mm512_set1_ps(static_cast<float>(xsum[m * (Kp / SUB) + j]));
         for (int h = 0; h < 2; ++h) {
-          const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m][h]), scale[h], _mm512_load_ps(f[m][h]));
-          _mm512_store_ps(f[m][h], _mm512_fnmadd_ps(xs, mins[h], t));
+          const __m512 f = in_registers ? fr[m][h] : _mm512_load_ps(fm[m][h]);
+          const __m512 t = _mm512_fnmadd_ps(xs, mins[h], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m][h]), scale[h], f));
+          if constexpr (in_registers) fr[m][h] = t;
+          else _mm512_store_ps(fm[m][h], t);
         }
       }
     }
@@ -112,7 +122,7 @@ void group_rows4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int6
     const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
     const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
     for (int m = 0; m < MB; ++m) {
-      __m512 y = _mm512_mul_ps(_mm512_load_ps(f[m][h]), _mm512_set1_ps(sr[m]));
+      __m512 y = _mm512_mul_ps(in_registers ? fr[m][h] : _mm512_load_ps(fm[m][h]), _mm512_set1_ps(sr[m]));
       if (bias) y = _mm512_add_ps(y, b);
       _mm512_mask_storeu_ps(out.y + (m0 + m) * out.ld + (n - out.start), mask, y);
     }
@@ -161,10 +171,13 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   const c10::Half* D = dmins.data_ptr<c10::Half>();
   const uint8_t* S = scs.data_ptr<uint8_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  // a pass of up to 8 rows reads each weight once; a longer one (a prefill) goes 4 rows at a time, its float
+  // sums in registers (measured on the AVX-512 EPYC: 130 rows 20% faster so, 5 rows 10% slower)
+  const int64_t step = M <= ROWS4 ? ROWS4 : 4;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      for (int64_t m0 = 0; m0 < M; m0 += ROWS4) {
-        const int64_t mb = std::min(ROWS4, M - m0);
+      for (int64_t m0 = 0; m0 < M; m0 += step) {
+        const int64_t mb = std::min(step, M - m0);
         GROUP_FNS4[mb](W + g * Kp / 4 * 64, D + g * Kp / SUPER * 64, S + g * Kp / SUB * 64, Kp, xq.data() + m0 * Kp,
                        xsum.data() + m0 * (Kp / SUB), sr.data() + m0, bp, outs[g], m0, g * GROUP4);
       }
