@@ -118,8 +118,8 @@ def test_load_names_a_file_given_for_a_folder_and_checks_quantize_first(tmp_path
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(SpecDecError, match=r"its folder '.*' is one: pass that"):
         specdec.load(file)
-    with pytest.raises(SpecDecError, match="unknown quantization 'int4'; use one of: int8"):
-        specdec.load(tmp_path, quantize="int4")
+    with pytest.raises(SpecDecError, match="unknown quantization 'int3'; use one of: int8"):
+        specdec.load(tmp_path, quantize="int3")
     assert specdec.models.check_load(tmp_path, dtype="fp32") == "folder"
     assert specdec.models.source_kind("qwen2.5-coder-1.5b") == "preset"
     assert specdec.models.source_kind("Qwen/Qwen2.5-Coder-1.5B") == "hub"

@@ -113,9 +113,11 @@ class LanguageModel(Model):
         if self.cuda_graphs:  # batch-1 GPU steps are bound by kernel count: sibling projections as one GEMM each
             fuse_siblings(self.hf_model)
         if self.block_invariant:
+            from specdec.models import lean_attention
             from specdec.models.row_attention import use_row_attention
 
             use_row_attention(self.hf_model)
+            lean_attention.install(self.hf_model)  # where the vnni extension runs it: fewer ops, the same bits
         self._caches: list[tuple[StaticKVCache, bool]] = []  # (cache, in use): the static caches, reused
         self.capacity: int | None = None  # positions of every cache, fixed by prepare_steps (None: sized per generation)
         self._graph_pool: Any = None  # the CUDA graph memory pool all this model's captured steps share

@@ -140,6 +140,9 @@ def check_quantize(quantize: str | None, device: torch.device | None) -> None:
     from specdec.models.int8_weights import check_method
 
     check_method(quantize)
+    from specdec.models.int4_vnni import check_cpu
+
+    check_cpu(quantize)
     if (device or resolve_device("auto")).type != "cpu":
         raise SpecDecError(f"quantize={quantize!r} (specdec's int8 / int4 kernels) runs on CPU only; on a GPU load the draft in bf16 "
                            "(drop --draft-quantize / quantize=) or pass device='cpu'")

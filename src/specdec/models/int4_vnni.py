@@ -30,6 +30,13 @@ from specdec.models.int8_linear import Int8Linear
 SUB, SUPER = 32, 256
 
 
+def check_cpu(method: str | None) -> None:
+    """Refuse an int4 method (int4, int4-mixed) where the CPU cannot run the kernel, with the fix."""
+    if method and method.startswith("int4") and not int8_vnni.cpu_supported():
+        raise SpecDecError(f"quantize={method!r} runs on specdec's vnni kernel, which needs a CPU with AVX-512 VNNI; "
+                           "this one has none: use int8 (e.g. qwen2.5-coder-0.5b:int8)")
+
+
 class Int4Weight:
     """A linear weight [out, in] in the int4 kernel's layout: ``packed`` [ceil(out / 32), in_p / 4, 64] uint8 (two
     values a byte), ``dmins`` [ceil(out / 32), in_p / 256, 64] float16 (32 d, then 32 dmin) and ``scs``

@@ -34,12 +34,7 @@ METHODS = {
 def check_method(method: str) -> None:
     if method not in METHODS:
         raise SpecDecError(f"unknown quantization {method!r}; use one of: {', '.join(METHODS)}")
-    if method.startswith("int4"):
-        from specdec.models import int8_vnni
-
-        if not int8_vnni.cpu_supported():
-            raise SpecDecError(f"quantize={method!r} runs on specdec's vnni kernel, which needs a CPU with AVX-512 VNNI; "
-                               "this one has none: use int8 (e.g. qwen2.5-coder-0.5b:int8)")
+    # (the int4 methods also need the CPU's AVX-512 VNNI: specdec.models.int4_vnni.check_cpu)
 
 
 def is_per_channel(qweight: torch.Tensor) -> bool:

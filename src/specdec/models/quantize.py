@@ -48,7 +48,9 @@ def quantize_hf(hf, method: str) -> None:
         raise SpecDecError("quantize='int4-mixed' follows the tensor types of a preset's GGUF (Q4_K in int4, the rest "
                            "in int8); this model has none: use int4 or int8")
     if method == "int4":
-        from specdec.models.int4_vnni import int4_layers, int4_weights
+        from specdec.models.int4_vnni import check_cpu, int4_layers, int4_weights
+
+        check_cpu(method)
 
         put_layers(hf, int4_layers(int4_weights(hf, free_floats=True)))
         return

@@ -36,6 +36,7 @@ and verification passes always compute attention the same way. The prefill keeps
 from __future__ import annotations
 
 import contextlib
+import threading
 from contextvars import ContextVar
 from typing import Any, Iterator, Sequence
 
@@ -179,8 +180,7 @@ def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
     if q == length and q > 1:  # a pass from position 0: the prefill, the usual causal kernel
         return _prefill(module, query, key, value, window, kwargs), None
     if kernel is not None:  # every row at once, each over the keys of its own prefix (its window's)
-        ends = torch.arange(length - q + 1, length + 1).expand(query.shape[0], q)  # [B, q]
-        starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
+        starts, ends = _spans(query.shape[0], q, length, window)  # [B, q] each
         return _rows(kernel, query, key, value, starts, ends, None, scaling), None
     rows = []
     for i in range(q):
@@ -188,6 +188,25 @@ def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
         start = max(0, end - window) if window else 0  # a sliding-window layer sees the last `window`
         rows.append(_row(query[:, :, i:i + 1], key[:, :, start:end], value[:, :, start:end], None, scaling))
     return _stack(rows), None  # [B, q, H, D]
+
+
+class _LastSpans(threading.local):
+    key: tuple | None = None
+    value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+_last_spans = _LastSpans()
+
+
+def _spans(batch: int, q: int, length: int, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key spans [start, end) of q rows ending at ``length`` (batch rows alike): made once per pass, not per
+    layer (every layer of a pass asks the same)."""
+    key = (batch, q, length, window)
+    if _last_spans.key != key:
+        ends = torch.arange(length - q + 1, length + 1).expand(batch, q).contiguous()  # [B, q]
+        starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
+        _last_spans.key, _last_spans.value = key, (starts, ends)
+    return _last_spans.value
 
 
 def skip_plain_causal_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:

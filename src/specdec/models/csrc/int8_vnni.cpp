@@ -277,6 +277,8 @@ std::vector<torch::Tensor> layout4(const torch::Tensor& q, const torch::Tensor& 
 torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                             const torch::Tensor& starts, const torch::Tensor& ends,
                             const c10::optional<torch::Tensor>& mask, double scale);
+std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
+                                  const torch::Tensor& sin);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");
@@ -286,4 +288,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize4", &quantize4, "float32 [N, K] -> its Q4_K form (q, d, dmin, sc, m)");
   m.def("layout4", &layout4, "a Q4_K form (q, d, dmin, sc, m) -> the int4 GEMM's layout (packed, dmins, scs)");
   m.def("row_attention", &row_attention, "attention, each query row over its own keys, float32, fixed arithmetic");
+  m.def("rotary", &rotary, "transformers' rotary embedding of q and k, element for element, as [B, H, L, D]");
 }

@@ -147,3 +147,39 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
   });
   return out;
 }
+
+// q [B, L, H, D] and k [B, L, H_kv, D] (contiguous: a projection's output viewed per head), cos/sin [B, L, D] ->
+// (q, k) rotated as [B, H, L, D] and [B, H_kv, L, D], contiguous: x * cos + rotate_half(x) * sin with
+// rotate_half(x) = cat(-x[D/2:], x[:D/2]), each product and the sum rounded apart (compiled without contraction):
+// transformers' apply_rotary_pos_emb element for element, so the same bits, in one call instead of about twelve ops.
+std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
+                                  const torch::Tensor& sin) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+              cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
+              "rotary: float32 q [B, L, H, D], k [B, L, H_kv, D], cos/sin [B, L, D]");
+  const int64_t B = q.size(0), L = q.size(1), D = q.size(3), half = D / 2;
+  TORCH_CHECK(D % 2 == 0 && k.size(0) == B && k.size(1) == L && k.size(3) == D && cos.numel() == B * L * D &&
+              sin.numel() == B * L * D, "rotary: q, k and cos/sin must agree on [B, L, D]");
+  const auto c = cos.contiguous(), s = sin.contiguous();
+  std::vector<torch::Tensor> outs;
+  for (const auto& x0 : {q, k}) {
+    const auto x = x0.contiguous();
+    const int64_t H = x.size(2);
+    auto out = torch::empty({B, H, L, D}, x.options());
+    const float *X = x.data_ptr<float>(), *C = c.data_ptr<float>(), *S = s.data_ptr<float>();
+    float* O = out.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t l = 0; l < L; ++l) {
+        const float* cb = C + (b * L + l) * D;
+        const float* sb = S + (b * L + l) * D;
+        for (int64_t h = 0; h < H; ++h) {
+          const float* xi = X + ((b * L + l) * H + h) * D;
+          float* o = O + ((b * H + h) * L + l) * D;
+          for (int64_t i = 0; i < half; ++i) o[i] = xi[i] * cb[i] + (-xi[i + half]) * sb[i];
+          for (int64_t i = half; i < D; ++i) o[i] = xi[i] * cb[i] + xi[i - half] * sb[i];
+        }
+      }
+    outs.push_back(out);
+  }
+  return outs;
+}
