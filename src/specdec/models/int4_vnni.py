@@ -15,7 +15,6 @@ default CPU draft is the 0.5B in int4 where the CPU has AVX-512 VNNI (``qwen2.5-
 
 from __future__ import annotations
 
-import itertools
 from typing import Sequence
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 
 from specdec.errors import SpecDecError
 from specdec.models import int8_vnni
-from specdec.models.int8_fusion import FUSED_SIBLINGS, Int8Slice, _Fused
+from specdec.models.int8_fusion import fused_members, joined_bias, sibling_set
 from specdec.models.int8_linear import Int8Linear
 
 #: Input columns per sub-block (one 6-bit sc and m each) and per super-block (one float16 d and dmin each).
@@ -137,22 +136,16 @@ def int4_layers(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> d
     for name, (weight, bias) in weights.items():
         if name in out:
             continue
-        parent, _, attr = name.rpartition(".")
-        siblings = next((s for s in FUSED_SIBLINGS if s[0] == attr), None)
-        names = [f"{parent}.{a}" if parent else a for a in siblings] if siblings else [name]
+        names = sibling_set(name) or [name]
         members = [weights.get(n) for n in names]
         if len(names) == 1 or any(m is None or m[0].in_features != weight.in_features
                                   or m[0].out_features % 32 for m in members):
             out[name] = Int4Linear(weight, bias)
             continue
+        outs = [m[0].out_features for m in members]
         fused_weight = Int4Weight(*(torch.cat([getattr(m[0], key) for m in members]) for key in ("packed", "dmins", "scs")),
-                                  sum(m[0].out_features for m in members), weight.in_features)
-        biases = [m[1] if m[1] is not None else torch.zeros(m[0].out_features) for m in members]
-        layer = Int4Linear(fused_weight, torch.cat(biases) if any(m[1] is not None for m in members) else None)
-        ends = list(itertools.accumulate(m[0].out_features for m in members))
-        fused = _Fused(layer, list(zip([0] + ends[:-1], ends)))
-        for n, (start, end) in zip(names, fused.bounds):
-            out[n] = Int8Slice(fused, start, end)
+                                  sum(outs), weight.in_features)
+        out.update(fused_members(Int4Linear(fused_weight, joined_bias([m[1] for m in members], outs)), names, outs))
     return out
 
 

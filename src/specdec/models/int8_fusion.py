@@ -104,6 +104,30 @@ def _cat_per_channel(qweights: list[torch.Tensor]) -> torch.Tensor | None:
             torch.cat([q.q_per_channel_zero_points() for q in qweights]), 0)
 
 
+def sibling_set(name: str) -> list[str] | None:
+    """The layer names of the sibling set (:data:`FUSED_SIBLINGS`) that ``name`` opens, in order; None if it opens
+    none."""
+    parent, _, attr = name.rpartition(".")
+    for siblings in FUSED_SIBLINGS:
+        if attr == siblings[0]:
+            return [f"{parent}.{a}" if parent else a for a in siblings]
+    return None
+
+
+def joined_bias(biases: list[torch.Tensor | None], outs: list[int]) -> torch.Tensor | None:
+    """Sibling biases stacked (zeros for a member without one); None if no member has one."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, outs)])
+
+
+def fused_members(layer: Int8Linear, names: list[str], outs: list[int]) -> dict[str, Int8Slice]:
+    """``layer`` (siblings stacked, ``outs[i]`` rows each) served to each member ``names[i]`` as its columns."""
+    ends = list(itertools.accumulate(outs))
+    fused = _Fused(layer, list(zip([0] + ends[:-1], ends)))
+    return {n: Int8Slice(fused, start, end) for n, (start, end) in zip(names, fused.bounds)}
+
+
 def int8_layers(weights: dict[str, tuple[torch.Tensor | DeferredQWeight, torch.Tensor | None]],
                 pool: ThreadPoolExecutor | None = None) -> dict[str, Int8Linear]:
     """``{layer name: (qweight [out, in], bias)}`` -> ``{layer name: Int8Linear}``, sibling sets
@@ -112,13 +136,10 @@ def int8_layers(weights: dict[str, tuple[torch.Tensor | DeferredQWeight, torch.T
     groups: list[list[str]] = []
     taken: set[str] = set()
     for name in weights:
-        parent, _, attr = name.rpartition(".")
-        for siblings in FUSED_SIBLINGS:
-            if attr == siblings[0]:
-                names = [f"{parent}.{a}" if parent else a for a in siblings]
-                if all(n in weights for n in names) and len({weights[n][0].shape[1] for n in names}) == 1:
-                    groups.append(names)
-                    taken.update(names)
+        names = sibling_set(name)
+        if names and all(n in weights for n in names) and len({weights[n][0].shape[1] for n in names}) == 1:
+            groups.append(names)
+            taken.update(names)
     jobs = [([name], weights[name][0], weights[name][1]) for name in weights if name not in taken]
     for names in groups:
         members = [weights[n][0] for n in names]
@@ -127,22 +148,14 @@ def int8_layers(weights: dict[str, tuple[torch.Tensor | DeferredQWeight, torch.T
         if qweight is None:  # per-tensor weights keep their own scales: not fused
             jobs.extend(([n], weights[n][0], weights[n][1]) for n in names)
             continue
-        biases = [weights[n][1] for n in names]
-        bias = None
-        if any(b is not None for b in biases):
-            bias = torch.cat([b if b is not None else torch.zeros(weights[n][0].shape[0])
-                              for n, b in zip(names, biases)])
-        jobs.append((names, qweight, bias))
+        jobs.append((names, qweight, joined_bias([weights[n][1] for n in names], [weights[n][0].shape[0] for n in names])))
     out: dict[str, Int8Linear] = {}
     for names, qweight, bias in sorted(jobs, key=lambda job: -job[1].numel()):  # the largest packs first
         layer = Int8Linear.from_qweight(qweight, bias, pool)
         if len(names) == 1:
             out[names[0]] = layer
             continue
-        ends = list(itertools.accumulate(weights[n][0].shape[0] for n in names))
-        fused = _Fused(layer, list(zip([0] + ends[:-1], ends)))
-        for n, (start, end) in zip(names, fused.bounds):
-            out[n] = Int8Slice(fused, start, end)
+        out.update(fused_members(layer, names, [weights[n][0].shape[0] for n in names]))
     return out
 
 

@@ -13,6 +13,7 @@
 // f = fma(float(acc), d * sc, f); f = f - float(sum of x_q) * (dmin * m), and y = f * (max|x| / 127) + bias. The
 // same operations on the same numbers whatever else shares the pass: a row's output depends on its own input only.
 #include <torch/extension.h>
+#include "output_parts.h"
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
@@ -58,11 +59,6 @@ void quantize_rows4(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq
   }
 }
 
-struct Out4 {
-  float* y;
-  int64_t ld, start, end;
-};
-
 __attribute__((target("avx512f")))
 inline __m512 bytes_ps(const uint8_t* p) {  // 16 uint8 -> 16 float32
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -71,7 +67,7 @@ inline __m512 bytes_ps(const uint8_t* p) {  // 16 uint8 -> 16 float32
 template <int MB>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void group_rows4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp, const int8_t* xq,
-                 const int32_t* xsum, const float* sr, const float* bias, const Out4& out, int64_t m0, int64_t n0) {
+                 const int32_t* xsum, const float* sr, const float* bias, const Out& out, int64_t m0, int64_t n0) {
   // the float sums: in registers for up to 4 rows; in L1 for more (the registers hold the int32 sums)
   constexpr bool in_registers = MB <= 4;
   __m512 fr[in_registers ? MB : 1][2];
@@ -130,7 +126,7 @@ void group_rows4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int6
 }
 
 using GroupFn4 = void (*)(const uint8_t*, const c10::Half*, const uint8_t*, int64_t, const int8_t*, const int32_t*,
-                          const float*, const float*, const Out4&, int64_t, int64_t);
+                          const float*, const float*, const Out&, int64_t, int64_t);
 const GroupFn4 GROUP_FNS4[ROWS4 + 1] = {nullptr, group_rows4<1>, group_rows4<2>, group_rows4<3>, group_rows4<4>,
                                         group_rows4<5>, group_rows4<6>, group_rows4<7>, group_rows4<8>};
 
@@ -150,18 +146,8 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   TORCH_CHECK(dmins.scalar_type() == torch::kHalf && dmins.is_contiguous() && dmins.numel() == groups * Kp / SUPER * 64 &&
               scs.scalar_type() == torch::kByte && scs.is_contiguous() && scs.numel() == groups * Kp / SUB * 64,
               "dmins: [N/32, K/256, 64] float16 and scs: [N/32, K/32, 64] uint8");
-  std::vector<torch::Tensor> ys;
-  std::vector<Out4> outs;
-  int64_t start = 0;
-  for (size_t i = 0; i < (widths.empty() ? 1 : widths.size()); ++i) {
-    const int64_t width = widths.empty() ? N : widths[i];
-    TORCH_CHECK(width > 0 && start % GROUP4 == 0, "rows4: parts must start at multiples of ", GROUP4, " columns");
-    ys.push_back(torch::empty({M, width}, x.options()));
-    for (int64_t n = start; n < start + width; n += GROUP4) outs.push_back({ys.back().data_ptr<float>(), width, start,
-                                                                             start + width});
-    start += width;
-  }
-  TORCH_CHECK(start == N && static_cast<int64_t>(outs.size()) == groups, "rows4: the parts' widths must sum to ", N);
+  std::vector<Out> outs;  // per group: its part
+  auto ys = output_parts(x, M, N, groups, widths, GROUP4, "rows4", outs);
   if (M == 0) return ys;
   std::vector<int8_t> xq(M * Kp);
   std::vector<float> sr(M);

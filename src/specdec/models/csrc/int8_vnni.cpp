@@ -15,6 +15,7 @@
 // same int32 products as vpdpbusd. The sums are exact either way, so both paths give the same bits (tested); AMX
 // does 16 times the products per instruction, so a verification pass of 8 rows or a prefill stays memory-bound.
 #include <torch/extension.h>
+#include "output_parts.h"
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -32,13 +33,6 @@ namespace {
 constexpr int64_t GROUP = 32;      // output columns per packed group (two zmm registers)
 constexpr int64_t MAX_ROWS = 8;    // activation rows per register block (16 accumulators)
 constexpr int64_t PREFETCH = 2048; // bytes ahead in the weight stream (measured on the AMX Xeon)
-
-// Where a part of the output goes: [M, end - start] float32, row m's column n (start <= n < end) at
-// y + m * ld + n - start. The siblings of a fused layer get one part each, so none is sliced and copied after.
-struct Out {
-  float* y;
-  int64_t ld, start, end;
-};
 
 // Up to 16 columns of one output row, n0 on: y[n] = (float(acc[j] - colsum128[n]) * sq[n]) * s + bias[n], written
 // to the part that holds column n0 (both GEMM paths end here, so their bits are the same).
@@ -191,18 +185,8 @@ std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& pac
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == GROUP && packed.size(3) == 4, "packed: [N/32, K4/4, 32, 4] int8");
   const int64_t M = x.size(0), K = x.size(1), KB = packed.size(1), K4 = KB * 4, groups = packed.size(0);
   TORCH_CHECK(K <= K4 && K4 - K < 4, "x has ", K, " columns; the packed weight takes ", K4);
-  std::vector<torch::Tensor> ys;
   std::vector<Out> outs;  // per group: its part
-  int64_t start = 0;
-  for (size_t i = 0; i < (widths.empty() ? 1 : widths.size()); ++i) {
-    const int64_t width = widths.empty() ? N : widths[i];
-    TORCH_CHECK(width > 0 && start % GROUP == 0, "rows: parts must start at multiples of ", GROUP, " columns");
-    ys.push_back(torch::empty({M, width}, x.options()));
-    for (int64_t n = start; n < start + width; n += GROUP) outs.push_back({ys.back().data_ptr<float>(), width, start,
-                                                                            start + width});
-    start += width;
-  }
-  TORCH_CHECK(start == N && static_cast<int64_t>(outs.size()) == groups, "rows: the parts' widths must sum to ", N);
+  auto ys = output_parts(x, M, N, groups, widths, GROUP, "rows", outs);
   if (M == 0) return ys;
   std::vector<uint8_t> xu(M * K4);
   std::vector<float> s(M);
