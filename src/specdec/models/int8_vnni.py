@@ -33,9 +33,10 @@ import torch
 from specdec.errors import SpecDecError
 from specdec.models.int8_weights import DeferredQWeight, is_per_channel
 
-#: The extension's sources: the int8 GEMM (and the module's bindings), the int4 GEMM, the row attention; and the
-#: header they share (in the build's name hash, not compiled alone).
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("int8_vnni.cpp", "int4_vnni.cpp", "row_attention.cpp")]
+#: The extension's sources: the int8 GEMM (and the module's bindings), the int4 GEMM, the row attention, the decoder
+#: step; and the header they share (in the build's name hash, not compiled alone).
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("int8_vnni.cpp", "int4_vnni.cpp", "row_attention.cpp", "decoder_step.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / "output_parts.h"]
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4

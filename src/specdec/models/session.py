@@ -27,6 +27,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from specdec.models import decoder_step
 from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, graph_for, prefill_chunks, static_step
 from specdec.models.kv_cache import cache_argument, preallocated_cache
 from specdec.models.static_cache import StaticKVCache
@@ -155,7 +156,13 @@ class DynamicSession(ModelSession):
         return preallocated_cache(self.model.hf_model.config)
 
     def _run(self, new: torch.Tensor, n_logits: int) -> torch.Tensor:
-        """One forward pass over new [1, k] with the cache; logits [1, >= n_logits, V]."""
+        """One forward pass over new [1, k] with the cache; logits [1, >= n_logits, V]. A cached step of an int8 /
+        int4 model on the vnni extension runs as one extension call (:mod:`specdec.models.decoder_step`, the same
+        bits)."""
+        if self.length and getattr(self.model, "block_invariant", False):
+            logits = decoder_step.step(self.model.hf_model, self.cache, new, n_logits)
+            if logits is not None:
+                return logits
         return self.model.hf_model(
             input_ids=new, use_cache=True, logits_to_keep=n_logits, **cache_argument(self.model.hf_model, self.cache)
         ).logits

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -77,11 +77,12 @@ def _width(args: tuple, kwargs: dict) -> int | None:
 
 
 def _enter(module: Any, args: tuple, kwargs: dict) -> None:
+    _begin(module, _width(args, kwargs))
+
+
+def _begin(module: Any, width: int | None) -> None:
     threads = torch.get_num_threads()
-    if threads == 1 or kernel_threads() is not None:
-        return
-    width = _width(args, kwargs)
-    if width is None or width > SERIAL_WIDTH:
+    if threads == 1 or kernel_threads() is not None or width is None or width > SERIAL_WIDTH:
         return
     _state.threads, _state.owner = threads, module
     torch.set_num_threads(1)
@@ -91,6 +92,20 @@ def _exit(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
     if getattr(_state, "owner", None) is module:
         torch.set_num_threads(_state.threads)
         _state.threads = _state.owner = None
+
+
+@contextlib.contextmanager
+def serial_pass(hf_model: Any, width: int) -> Iterator[None]:
+    """Around a pass of ``width`` tokens per row run without calling ``hf_model`` (specdec.models.decoder_step):
+    what :func:`install`'s hooks do around its forward."""
+    if not getattr(hf_model, "_specdec_serial_passes", False):
+        yield
+        return
+    _begin(hf_model, width)
+    try:
+        yield
+    finally:
+        _exit(hf_model, (), {}, None)
 
 
 def install(hf_model: Any) -> None:

@@ -251,7 +251,7 @@ std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
   return {packed, colsum};
 }
 
-// Defined in int4_vnni.cpp and row_attention.cpp (the same extension).
+// Defined in int4_vnni.cpp, row_attention.cpp and decoder_step.cpp (the same extension).
 std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& dmins,
                                  const torch::Tensor& scs, const c10::optional<torch::Tensor>& bias, int64_t N,
                                  const std::vector<int64_t>& widths);
@@ -263,6 +263,7 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
                             const c10::optional<torch::Tensor>& mask, double scale);
 std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
                                   const torch::Tensor& sin);
+void bind_decoder_step(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");
@@ -273,4 +274,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layout4", &layout4, "a Q4_K form (q, d, dmin, sc, m) -> the int4 GEMM's layout (packed, dmins, scs)");
   m.def("row_attention", &row_attention, "attention, each query row over its own keys, float32, fixed arithmetic");
   m.def("rotary", &rotary, "transformers' rotary embedding of q and k, element for element, as [B, H, L, D]");
+  bind_decoder_step(m);  // DecoderStep: every decoder layer of a step in one call
 }
