@@ -8,6 +8,7 @@ import torch
 import specdec
 from specdec.drafters.spec import DraftLevel, format_spec, parse_spec
 from specdec.errors import SpecDecError
+from specdec.models import int8_vnni
 from specdec.models.draft_head import SubsetHead, kept_ids, restricted_draft
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
@@ -19,7 +20,8 @@ def test_kept_ids_are_the_first_n_and_the_end_of_sequence_ids():
     assert kept_ids(4, 10, {9, 2, 12}).tolist() == [0, 1, 2, 3, 9]
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8", pytest.param("int4", marks=pytest.mark.skipif(
+    not int8_vnni.cpu_supported(), reason="int4 runs on the vnni kernel: this CPU has no AVX-512 VNNI"))])
 def test_the_kept_logits_are_the_full_heads_bit_for_bit(quantize):
     model = load_tiny(vocab=64, eos=None)
     if quantize:

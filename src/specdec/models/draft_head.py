@@ -9,7 +9,7 @@ everywhere else. Byte-level BPE tokenizers number their tokens in merge order, m
 Exactness does not depend on the cut: speculative sampling is exact for any draft distribution q, and q is
 simply 0 on the ids left out (the target's residual max(0, p - q) keeps their mass); under greedy verification
 the draft just cannot propose them. The kept rows of the head are the full head's rows, so the kept logits are
-the full head's bit for bit (per-row int8 quantization; a float head copies its rows).
+the full head's bit for bit (per-row int8 or int4 quantization; a float head copies its rows).
 
 Shape notes: hidden [..., H] -> kept logits [..., K] -> logits [..., V].
 """
@@ -33,9 +33,12 @@ def kept_ids(n: int, vocab_size: int, always: set[int] | frozenset[int] = frozen
 def _head_rows(head: Any, keep: torch.Tensor) -> torch.nn.Module:
     """A head of the same kind computing only the rows ``keep`` (on the head's device) of ``head`` (an int8
     layer or nn.Linear)."""
+    from specdec.models.int4_vnni import Int4Linear, Int4Weight
     from specdec.models.int8_weights import is_per_channel
     from specdec.models.quantize import Int8Linear
 
+    if isinstance(head, Int8Linear) and isinstance(head._packed, Int4Weight):  # an int4 head (never packed later)
+        return Int4Linear(head._packed.select(keep), head.bias[keep] if head.bias is not None else None)
     if isinstance(head, Int8Linear):
         q = head.weight()  # [V, H] qint8
         ints = q.int_repr()[keep]

@@ -59,17 +59,29 @@ class Int4Weight:
         return cls(*int8_vnni.extension().layout4(*q4k_parts(blocks, out_features, in_features)), out_features,
                    in_features)
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight the kernel multiplies by, float32 [out, in] (``d * sc * q - dmin * m``)."""
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The Q4_K form back: (q [out, in_p] uint8, d, dmin [out, in_p / 256] float16, sc, m [out, in_p / 32] uint8)."""
         groups, lanes = self.packed.shape[0], self.packed.shape[1]
         nibbles = torch.stack([self.packed & 15, self.packed >> 4], 2).view(groups, lanes, 2, 16, 4)
-        q = nibbles.permute(0, 2, 3, 1, 4).reshape(groups * 32, lanes * 4).float()  # [N32, in_p]
-        dm = self.dmins.float().view(groups, -1, 2, 32).permute(2, 0, 3, 1).reshape(2, groups * 32, -1)
-        sm = self.scs.float().view(groups, -1, 2, 32).permute(2, 0, 3, 1).reshape(2, groups * 32, -1)
-        scale = dm[0].repeat_interleave(SUPER // SUB, 1) * sm[0]  # [N32, in_p / 32]
-        offset = dm[1].repeat_interleave(SUPER // SUB, 1) * sm[1]
+        q = nibbles.permute(0, 2, 3, 1, 4).reshape(groups * 32, lanes * 4)  # [N32, in_p]
+        dm = self.dmins.view(groups, -1, 2, 32).permute(2, 0, 3, 1).reshape(2, groups * 32, -1)
+        sm = self.scs.view(groups, -1, 2, 32).permute(2, 0, 3, 1).reshape(2, groups * 32, -1)
+        n = self.out_features
+        return q[:n], dm[0, :n], dm[1, :n], sm[0, :n], sm[1, :n]
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, float32 [out, in] (``d * sc * q - dmin * m``)."""
+        q, d, dmin, sc, m = (t.float() for t in self.parts())
+        scale = d.repeat_interleave(SUPER // SUB, 1) * sc  # [out, in_p / 32]
+        offset = dmin.repeat_interleave(SUPER // SUB, 1) * m
         weight = q * scale.repeat_interleave(SUB, 1) - offset.repeat_interleave(SUB, 1)
-        return weight[: self.out_features, : self.in_features]
+        return weight[:, : self.in_features]
+
+    def select(self, rows: torch.Tensor) -> "Int4Weight":
+        """The weight of output rows ``rows`` ([R] long), the same values (a draft head over part of the vocabulary)."""
+        q, d, dmin, sc, m = self.parts()
+        picked = (q[rows], d[rows], dmin[rows], sc[rows], m[rows])
+        return Int4Weight(*int8_vnni.extension().layout4(*picked), int(rows.numel()), self.in_features)
 
     def qweight(self) -> torch.Tensor:
         raise SpecDecError("an int4 layer has no qint8 weight; dequantized() gives its float32 values")
