@@ -3,9 +3,12 @@
     python scripts/step_costs.py                       # the Qwen pair in bf16, fp32 and int8; k = 1, 5, 7
     python scripts/step_costs.py --ks 1,2,3,5,7 --json out.json
     python scripts/step_costs.py --models qwen2.5-coder-1.5b --formats bf16,int8,int8-per-pass --ks 1,5,8
+    python scripts/step_costs.py --models qwen2.5-coder-1.5b --formats int4-mixed --ks 1,5,8 --both-paths
 
 ``int8-per-pass`` is the int8 model with torch's own per-pass activation scale (not block-invariant) and
-stock SDPA attention: what the block-invariant int8 form costs over it. The last column says whether the
+stock SDPA attention: what the block-invariant int8 form costs over it. ``--both-paths`` times the int8 / int4
+models (vnni kernel) also with transformers' forward instead of the decoder step (specdec.models.decoder_step;
+the same bits), the two alternated in one process. The last column says whether the
 logits of the widest pass equal that many one-token steps bit for bit (the int8 target's exactness).
 
 Speculative decoding pays when the target verifies gamma + 1 tokens for little more than the price of
@@ -24,9 +27,10 @@ import sys
 import specdec  # first: it picks OpenMP's wait policy before torch loads the runtime (specdec/__init__.py)
 import torch  # noqa: E402
 from specdec.bench.timing import forward_time
+from specdec.models import decoder_step
 
 FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"},
-           "int8-per-pass": {"quantize": "int8"}}
+           "int8-per-pass": {"quantize": "int8"}, "int4": {"quantize": "int4"}, "int4-mixed": {"quantize": "int4-mixed"}}
 
 
 def per_pass(model: specdec.LanguageModel) -> specdec.LanguageModel:
@@ -81,17 +85,20 @@ def prefill_ms(model: specdec.LanguageModel, context: int, reps: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen2.5-coder-1.5b,qwen2.5-coder-0.5b")
-    parser.add_argument("--formats", default="bf16,fp32,int8", help="comma list out of bf16, fp32, int8")
+    parser.add_argument("--formats", default="bf16,fp32,int8",
+                        help="comma list out of " + ", ".join(FORMATS))
     parser.add_argument("--ks", default="1,5,7", help="comma list of pass sizes (1 is always measured)")
     parser.add_argument("--context", type=int, default=300, help="cached tokens before the timed passes")
     parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--prefill", action="store_true", help="also time a prefill of --context tokens")
+    parser.add_argument("--both-paths", action="store_true",
+                        help="quantized models: also time transformers' forward in place of the decoder step")
     args = parser.parse_args()
 
     ks = sorted({1, *(int(k) for k in args.ks.split(","))})
     print(f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY')}; CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; {args.context} cached tokens, median of {args.reps}")
+          f"torch {torch.__version__}; {args.context} cached tokens, median of {args.reps} (--both-paths: the lower of two alternated medians)")
     print("| model | format | " + " | ".join(f"k={k} ms" for k in ks)
           + f" | T({ks[-1]}) / T(1) | s | {ks[-1]}-token pass = {ks[-1]} steps? |"
           + (f" prefill {args.context} ms |" if args.prefill else ""))
@@ -102,16 +109,28 @@ def main() -> int:
             model = specdec.load(name, **FORMATS[fmt])
             if fmt == "int8-per-pass":
                 model = per_pass(model)
-            ms = {k: step_ms(model, k, args.context, args.reps) for k in ks}
-            ratio = ms[ks[-1]] / ms[1]
-            s = (ratio - 1) / (ks[-1] - 1) if ks[-1] > 1 else 0.0
-            same, diff = block_equals_steps(model, ks[-1], args.context)
-            prefill = prefill_ms(model, args.context, args.reps) if args.prefill else None
-            rows.append({"model": name, "format": fmt, "ms": ms, "ratio": ratio, "s": s,
-                         "block_equals_steps": same, "max_abs_difference": diff, "prefill_ms": prefill})
-            print(f"| {name} | {fmt} | " + " | ".join(f"{ms[k]:.0f}" for k in ks) + f" | {ratio:.2f} | {s:.2f} | "
-                  + ("yes, bit for bit" if same else f"no: {diff:.3g}") + " |"
-                  + (f" {prefill:.0f} |" if prefill is not None else ""), flush=True)
+            paths = [True, False] if args.both_paths and "quantize" in FORMATS[fmt] and fmt != "int8-per-pass" else [None]
+            timed = {path: {k: [] for k in ks} for path in paths}
+            for _ in range(2 if len(paths) > 1 else 1):  # alternated: both paths see the same machine
+                for path in paths:
+                    if path is not None:
+                        decoder_step.set_enabled(model.hf_model, path)
+                    for k in ks:
+                        timed[path][k].append(step_ms(model, k, args.context, args.reps))
+            for path in paths:
+                ms = {k: min(v) for k, v in timed[path].items()}
+                if path is not None:
+                    decoder_step.set_enabled(model.hf_model, path)
+                label = fmt if path is None else f"{fmt} ({'decoder step' if path else 'transformers forward'})"
+                ratio = ms[ks[-1]] / ms[1]
+                s = (ratio - 1) / (ks[-1] - 1) if ks[-1] > 1 else 0.0
+                same, diff = block_equals_steps(model, ks[-1], args.context)
+                prefill = prefill_ms(model, args.context, args.reps) if args.prefill else None
+                rows.append({"model": name, "format": label, "ms": ms, "ratio": ratio, "s": s,
+                             "block_equals_steps": same, "max_abs_difference": diff, "prefill_ms": prefill})
+                print(f"| {name} | {label} | " + " | ".join(f"{ms[k]:.1f}" for k in ks) + f" | {ratio:.2f} | {s:.2f} | "
+                      + ("yes, bit for bit" if same else f"no: {diff:.3g}") + " |"
+                      + (f" {prefill:.0f} |" if prefill is not None else ""), flush=True)
             del model
     if args.json:
         with open(args.json, "w") as fh:
