@@ -75,17 +75,17 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     def spec(*argv):
         return draft_spec(build_parser().parse_args(["generate", "x", *argv]))
 
-    # int4 on CPUs with AVX-512 VNNI (specdec's kernel), int8 on the others, drafted for by prompt lookup;
-    # unquantized on CUDA (the int8/int4 kernels are CPU-only); an explicit choice wins everywhere
+    # int4 with its head cut to 65,536 ids on CPUs with AVX-512 VNNI (specdec's kernel), int8 on the others, drafted
+    # for by prompt lookup; unquantized on CUDA (the int8/int4 kernels are CPU-only); an explicit choice wins everywhere
     from specdec.models import int8_vnni
 
-    quant = "int4" if int8_vnni.cpu_supported() else "int8"
+    quant = "int4@65536" if int8_vnni.cpu_supported() else "int8"
     assert spec("--device", "cpu") == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(int8_vnni, "cpu_supported", lambda: False)
         assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
         patch.setattr(int8_vnni, "cpu_supported", lambda: True)
-        assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int4<-prompt-lookup"
+        assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int4@65536<-prompt-lookup"
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
     assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"  # the batch engine drafts with one model
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"

@@ -35,9 +35,12 @@ DEFAULT_TARGET_QUANTIZE_CPU = "int8"
 DEFAULT_TARGET_QUANTIZE_VNNI = "int4-mixed"
 # On CPU the default draft model is drafted for in turn by prompt lookup (free): a hierarchy (docs/cpu_default.md).
 DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
-# ... with its whole head: cutting it to the first 65,536 ids (specdec.models.draft_head, '@65536' in a spec; exact)
-# ran 0.97x the full head's speed on a quiet AMX Xeon (alpha 0.926 against 0.947), docs/cpu_default.md. None: whole.
+# ... its head cut to the first 65,536 ids (specdec.models.draft_head, '@65536' in a spec; exact) where it runs in
+# int4: 1.06x and 1.02x the whole head's speed in two runs on the AVX-512 EPYC (alpha 0.928 against 0.945; the int4
+# body is cheap, so the head is a larger share of a step), docs/cpu_default.md. The int8 draft keeps its whole head
+# (0.97x on a quiet AMX Xeon, alpha 0.926 against 0.947). None: the whole head.
 DEFAULT_DRAFT_VOCABULARY_CPU: int | None = None
+DEFAULT_DRAFT_VOCABULARY_VNNI: int | None = 65536
 DEFAULT_GAMMA = 4
 # One int8 model draft: start at this gamma (Theorem 8 on the packaged pair's measured alpha and c; README,
 # "Benchmark") and adapt from there (specdec.schedules.AdaptiveSchedule), unless gamma is given.
@@ -48,8 +51,9 @@ MAX_GAMMA_FLOOR = 12
 
 
 def default_draft(device: Any = None, batched: bool = False) -> str:
-    """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int4 where the CPU has
-    AVX-512 VNNI, else int8, with prompt lookup drafting for it (``qwen2.5-coder-0.5b:int4<-prompt-lookup``).
+    """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int4 with its head cut to
+    the first 65,536 ids where the CPU has AVX-512 VNNI, else int8, with prompt lookup drafting for it
+    (``qwen2.5-coder-0.5b:int4@65536<-prompt-lookup``).
     ``batched``: for the batch engine (``specdec serve --max-batch N``), which drafts with one model: the int8
     0.5B alone on CPU."""
     from specdec.devices import resolve_device
@@ -59,8 +63,10 @@ def default_draft(device: Any = None, batched: bool = False) -> str:
         return DEFAULT_DRAFT
     if batched:
         return f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}"
-    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if int8_vnni.cpu_supported() else DEFAULT_DRAFT_QUANTIZE_CPU
-    head = f"@{DEFAULT_DRAFT_VOCABULARY_CPU}" if DEFAULT_DRAFT_VOCABULARY_CPU else ""
+    vnni = int8_vnni.cpu_supported()
+    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU
+    vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if vnni else DEFAULT_DRAFT_VOCABULARY_CPU
+    head = f"@{vocabulary}" if vocabulary else ""
     return f"{DEFAULT_DRAFT}:{quantize}{head}<-{DEFAULT_DRAFT_INNER_CPU}"
 
 

@@ -10,7 +10,8 @@ input row only, so an int4 model is block-invariant like the int8 one (its verif
 steps' bits).
 
 A draft's weights only change how often its tokens are accepted, never what the target generates: specdec's
-default CPU draft is the 0.5B in int4 where the CPU has AVX-512 VNNI (``qwen2.5-coder-0.5b:int4``).
+default CPU draft is the 0.5B in int4 where the CPU has AVX-512 VNNI (``qwen2.5-coder-0.5b:int4@65536``, its head cut
+to the first 65,536 ids: :mod:`specdec.models.draft_head`).
 """
 
 from __future__ import annotations
