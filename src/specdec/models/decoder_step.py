@@ -25,6 +25,7 @@ from specdec.models.int4_vnni import Int4Weight
 from specdec.models.int8_fusion import Int8Slice
 from specdec.models.int8_linear import Int8Linear
 from specdec.models.int8_vnni import VnniWeight
+from specdec.models.kv_cache import PreallocatedLayer
 
 #: The decoder layers, norms and activation this step reproduces (transformers' classes of the plain Llama form).
 LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer")
@@ -116,7 +117,8 @@ def step(hf_model: Any, cache: Any, ids: torch.Tensor, n_logits: int) -> torch.T
     """Logits [1, n_logits, V] of the new tokens ``ids`` [1, k] after the positions ``cache`` (specdec's preallocated
     DynamicCache) holds, its buffers written; None where this path does not apply (the caller runs the forward)."""
     layers = getattr(cache, "layers", None)
-    if (not layers or not getattr(layers[0], "is_initialized", False) or not layers[0].length
+    if (not layers or not all(isinstance(layer, PreallocatedLayer) for layer in layers)
+            or not getattr(layers[0], "is_initialized", False) or not layers[0].length
             or hf_model.training or hf_model.config._attn_implementation != row_attention.NAME
             or row_attention._BATCH_ROWS.get() is not None):
         return None
