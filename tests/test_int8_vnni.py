@@ -174,14 +174,14 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_fbgemm_and_says_so(monkeypa
 
 
 def test_a_cpu_without_the_preferred_kernel_runs_fbgemm_not_onednn(monkeypatch):
-    """The CPU kind says vnni (its flags) but the kernel cannot run (ATEN_CPU_CAPABILITY=avx2, issue 39's AVX2
-    approximation): fbgemm, not the first kernel listed (oneDNN's int8 GEMM without AMX was 2 s a token)."""
+    """The CPU kind says vnni (its flags) but the kernel cannot run (ATEN_CPU_CAPABILITY=default: no AVX2 either):
+    fbgemm, not the first kernel listed (oneDNN's int8 GEMM without AMX was 2 s a token)."""
     if "fbgemm" not in int8_kernels.available():
         pytest.skip("no fbgemm in this torch build")
     before = int8_kernels._chosen
     monkeypatch.delenv(int8_kernels.ENV, raising=False)
     monkeypatch.setattr(int8_kernels, "default_kernel", lambda: "vnni")
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     try:
         int8_kernels._chosen = None
         with warnings.catch_warnings():
@@ -244,10 +244,13 @@ def test_an_int8_model_on_the_vnni_kernel_runs_the_extensions_attention():
         int8_kernels._chosen = before
 
 
-def test_an_avx2_capability_override_turns_the_kernel_off(monkeypatch):
-    """``ATEN_CPU_CAPABILITY=avx2`` (how issue 39 approximates an AVX2-only CPU): no vnni kernel, fbgemm."""
+def test_the_capability_override_picks_the_kernels_code(monkeypatch):
+    """``ATEN_CPU_CAPABILITY=avx2`` (how issue 39 approximates an AVX2-only CPU): the kernel's AVX2 code; ``default``
+    (no AVX2): no vnni kernel, fbgemm."""
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert not int8_vnni.cpu_supported()
+    assert int8_vnni.kernel_isa() == "avx2" and int8_vnni.cpu_supported()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert int8_vnni.kernel_isa() is None and not int8_vnni.cpu_supported()
     assert "vnni" not in int8_kernels.available()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
-    assert int8_vnni.cpu_supported()
+    assert int8_vnni.kernel_isa() in ("avx512", "avx2")  # (avx2 where the CPU has no AVX-512 VNNI)

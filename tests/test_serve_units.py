@@ -141,7 +141,7 @@ def test_serve_options():
     cpu.max_batch = cli.SERVED_BATCH_CPU  # as _serve sets it on CPU: the batch engine drafts with the int8 0.5B alone
     assert speculation_defaults(cli.draft_spec(cpu)) == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE)
     cpu.max_batch = 1  # one request at a time: the CPU default hierarchy, 4 a round, constant
-    assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4' if cpu_supported() else 'int8'}<-prompt-lookup"
+    assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}<-prompt-lookup"
     assert speculation_defaults(cli.draft_spec(cpu)) == (None, None)
     assert cli.build_parser().parse_args(["serve", "--device", "cpu"]).device == "cpu"
     assert cli.main(["serve", "--max-queue", "-1"]) == 2

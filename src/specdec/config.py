@@ -24,13 +24,13 @@ __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "INT8_DRAFT_GAMMA
            "GenerationConfig", "default_draft", "default_target_quantize", "speculation_defaults"]
 
 # A draft's quantization changes speed and alpha, never the output. On CPU the default draft model runs in int4
-# where the CPU has AVX-512 VNNI (specdec's kernel: half int8's bytes, a 0.5B step 0.6-0.7x int8's; alpha 0.935
-# against 0.940 on HumanEval, docs/cpu_default.md), elsewhere in int8. The batch engine keeps int8.
+# where specdec's kernel runs (AVX-512 VNNI, or AVX2 with the same bits: half int8's bytes, a 0.5B step 0.6-0.7x
+# int8's; alpha 0.935 against 0.940 on HumanEval, docs/cpu_default.md), elsewhere in int8. The batch engine keeps int8.
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
 DEFAULT_DRAFT_QUANTIZE_VNNI = "int4"
 # The packaged target on CPU: block-invariant (exact: speculative output = its own plain decoding). Where the CPU
-# has AVX-512 VNNI, int4-mixed: the GGUF's Q4_K tensors in int4 exactly, the rest in int8 (docs/int4.md, with its
-# quality against bf16 and llama.cpp's Q4_K_M); elsewhere int8 (docs/int8_target.md).
+# has AVX-512 VNNI or AVX2, int4-mixed: the GGUF's Q4_K tensors in int4 exactly, the rest in int8 (docs/int4.md, with
+# its quality against bf16 and llama.cpp's Q4_K_M); elsewhere int8 (docs/int8_target.md).
 DEFAULT_TARGET_QUANTIZE_CPU = "int8"
 DEFAULT_TARGET_QUANTIZE_VNNI = "int4-mixed"
 # On CPU the default draft model is drafted for in turn by prompt lookup (free): a hierarchy (docs/cpu_default.md).
@@ -52,7 +52,7 @@ MAX_GAMMA_FLOOR = 12
 
 def default_draft(device: Any = None, batched: bool = False) -> str:
     """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int4 with its head cut to
-    the first 65,536 ids where the CPU has AVX-512 VNNI, else int8, with prompt lookup drafting for it
+    the first 65,536 ids where the CPU has AVX-512 VNNI or AVX2, else int8, with prompt lookup drafting for it
     (``qwen2.5-coder-0.5b:int4@65536<-prompt-lookup``).
     ``batched``: for the batch engine (``specdec serve --max-batch N``), which drafts with one model: the int8
     0.5B alone on CPU."""
@@ -72,7 +72,7 @@ def default_draft(device: Any = None, batched: bool = False) -> str:
 
 def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:
     """The quantization of a target loaded without one asked (CLI, server): the packaged default target on CPU
-    runs quantized and block-invariant (int4-mixed where the CPU has AVX-512 VNNI, else int8), unless a dtype is
+    runs quantized and block-invariant (int4-mixed where the CPU has AVX-512 VNNI or AVX2, else int8), unless a dtype is
     asked; any other target, or another device, as it is."""
     from specdec.devices import resolve_device
     from specdec.models import int8_vnni

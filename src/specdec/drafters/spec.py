@@ -3,7 +3,7 @@
     SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
     LEVEL := NAME [":" QUANT] ["@" N] NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
                                       drafter (prompt-lookup, suffix, unigram, bigram, random, grammar); QUANT: int8,
-                                      int8-tensor, int4 (AVX-512 VNNI CPUs) or llama-cpp (model levels
+                                      int8-tensor, int4 (AVX-512 VNNI / AVX2) or llama-cpp (model levels
                                       only; without it the model runs unquantized; llama-cpp: its GGUF in
                                       llama.cpp); N: the model
                                       drafts from its vocabulary's first N ids only (and its end-of-sequence

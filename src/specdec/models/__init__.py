@@ -56,8 +56,8 @@ def load(
     dtype: ``"bf16"`` (default: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
     quantize: None, ``"int8"`` or ``"int8-tensor"``: int8 linear layers and row-wise attention, CPU only
       (:mod:`specdec.models.quantize`): a block-invariant model, exact as a target (its speculative output
-      equals its own plain decoding) and a cheap draft. ``"int4"``: 4-bit weights on specdec's AVX-512 VNNI
-      kernel (:mod:`specdec.models.int4_vnni`), block-invariant too, half int8's bytes: the cheapest draft. ``"llama-cpp"``: a preset's GGUF (or a .gguf file)
+      equals its own plain decoding) and a cheap draft. ``"int4"``: 4-bit weights on specdec's kernel (AVX-512 VNNI
+      or AVX2) (:mod:`specdec.models.int4_vnni`), block-invariant too, half int8's bytes: the cheapest draft. ``"llama-cpp"``: a preset's GGUF (or a .gguf file)
       run by llama.cpp (:mod:`specdec.models.llama_cpp`), for drafts only (needs ``specdec[llama]``).
     device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. None: auto
       for a model loaded by name; a model object stays where it is.

@@ -1,5 +1,7 @@
 """specdec's own int8 GEMM for CPUs with AVX-512 VNNI (``csrc/int8_vnni.cpp``; its row attention in
-``csrc/row_attention.cpp``): the ``vnni`` int8 kernel.
+``csrc/row_attention.cpp``): the ``vnni`` int8 kernel. On a CPU with AVX2 but no AVX-512 VNNI the same functions run
+their AVX2 code (``csrc/avx2_kernels.cpp``: exact integer sums, the same float operations lane for lane, so the same
+bits; :func:`kernel_isa`).
 
 fbgemm's int8 GEMM reads its weights once per few rows, so an 8-token verification pass of the int8 1.5B cost
 1.5-1.7x a one-token step on the AMX Xeon; oneDNN's AMX GEMM is flat in the rows but streams its weights at
@@ -36,7 +38,7 @@ from specdec.models.int8_weights import DeferredQWeight, is_per_channel
 #: The extension's sources: the int8 GEMM (and the module's bindings), the int4 GEMM, the row attention, the decoder
 #: step; and the header they share (in the build's name hash, not compiled alone).
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("int8_vnni.cpp", "int4_vnni.cpp", "row_attention.cpp", "decoder_step.cpp")]
+           for name in ("int8_vnni.cpp", "int4_vnni.cpp", "row_attention.cpp", "decoder_step.cpp", "avx2_kernels.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / "output_parts.h"]
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4
@@ -50,18 +52,27 @@ _extension = None
 _failure: str | None = None
 
 
-def cpu_supported() -> bool:
-    """Whether this CPU has AVX-512 VNNI (Linux: /proc/cpuinfo's flags). ``ATEN_CPU_CAPABILITY`` set to something
-    below AVX-512 (``avx2``, ``default``: how an AVX2-only CPU is approximated on a bigger one) says no."""
+def kernel_isa() -> str | None:
+    """The code the extension runs on this CPU (Linux: /proc/cpuinfo's flags): ``"avx512"`` (AVX-512 VNNI; AMX tiles
+    where the CPU has them), ``"avx2"`` (AVX2 with FMA and F16C, no AVX-512 VNNI: ``csrc/avx2_kernels.cpp``, the same
+    bits) or None. ``ATEN_CPU_CAPABILITY=avx2`` (how an AVX2-only CPU is approximated on a bigger one) picks avx2;
+    ``default`` (no AVX2 at all) none."""
     import os
 
     from specdec.sweeps.machine import _cpuinfo
 
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    if capability and not capability.startswith("avx512"):
-        return False
-    flags = _cpuinfo()[1]
-    return {"avx512f", "avx512bw", "avx512_vnni"} <= set(flags)
+    flags = set(_cpuinfo()[1])
+    if capability and capability != "avx2" and not capability.startswith("avx512"):
+        return None
+    if capability != "avx2" and {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+        return "avx512"
+    return "avx2" if {"avx2", "fma", "f16c"} <= flags else None
+
+
+def cpu_supported() -> bool:
+    """Whether the extension's kernels run on this CPU (:func:`kernel_isa`: AVX-512 VNNI, or AVX2 with FMA and F16C)."""
+    return kernel_isa() is not None
 
 
 def _name() -> str:
@@ -78,8 +89,9 @@ def extension():
         if _extension is None:
             if _failure is not None:
                 raise SpecDecError(_failure)
-            if not cpu_supported():
-                _failure = "the vnni int8 kernel needs a CPU with AVX-512 VNNI; this one has none"
+            isa = kernel_isa()
+            if isa is None:
+                _failure = "the vnni int8 kernel needs a CPU with AVX-512 VNNI or AVX2 (with FMA and F16C); this one has neither"
                 raise SpecDecError(_failure)
             from torch.utils import cpp_extension
 
@@ -94,6 +106,7 @@ def extension():
                             f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}); it needs a C++ compiler "
                             "and ninja (pip install ninja)")
                 raise SpecDecError(_failure) from None
+            _extension.set_avx2(isa == "avx2")  # once per process: plain and speculative passes run the same code
     return _extension
 
 
@@ -193,8 +206,9 @@ class VnniWeight:
 def main() -> int:
     """Build the extension now (``make setup`` calls this, so no first generation waits for the compiler)."""
     if not cpu_supported():
-        print("specdec's vnni int8 kernel: this CPU has no AVX-512 VNNI (the int8 models run fbgemm)")
+        print("specdec's vnni int8 kernel: this CPU has neither AVX-512 VNNI nor AVX2 (the int8 models run fbgemm)")
         return 0
     error = build_error()
-    print(f"specdec's vnni int8 kernel: {error}" if error else "specdec's vnni int8 kernel: built and loaded")
+    print(f"specdec's vnni int8 kernel: {error}" if error else
+          f"specdec's vnni int8 kernel: built and loaded ({kernel_isa()} code)")
     return 0

@@ -132,6 +132,13 @@ const GroupFn4 GROUP_FNS4[ROWS4 + 1] = {nullptr, group_rows4<1>, group_rows4<2>,
 
 }  // namespace
 
+// The AVX2 path (avx2_kernels.cpp): the same bits where the CPU has no AVX-512 VNNI.
+bool use_avx2();
+void quantize_rows4_avx2(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq, float* sr, int32_t* xsum);
+void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp,
+                      const int8_t* xq, const int32_t* xsum, const float* sr, const float* bias, const Out& out,
+                      int64_t m0, int64_t n0);
+
 // x [M, K] float32; packed [N32 / 32, Kp / 4, 64] uint8, dmins [N32 / 32, Kp / 256, 64] float16 (d 32, dmin 32),
 // scs [N32 / 32, Kp / 32, 64] uint8 (sc 32, m 32); bias [N] or None -> one float32 [M, w_i] per part of `widths`
 // (empty: one part of N columns; each part but the last starting at a multiple of 32 columns).
@@ -152,7 +159,8 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   std::vector<int8_t> xq(M * Kp);
   std::vector<float> sr(M);
   std::vector<int32_t> xsum(M * (Kp / SUB));
-  quantize_rows4(x.data_ptr<float>(), M, K, Kp, xq.data(), sr.data(), xsum.data());
+  const bool avx2 = use_avx2();
+  (avx2 ? quantize_rows4_avx2 : quantize_rows4)(x.data_ptr<float>(), M, K, Kp, xq.data(), sr.data(), xsum.data());
   const uint8_t* W = packed.data_ptr<uint8_t>();
   const c10::Half* D = dmins.data_ptr<c10::Half>();
   const uint8_t* S = scs.data_ptr<uint8_t>();
@@ -164,8 +172,15 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t m0 = 0; m0 < M; m0 += step) {
         const int64_t mb = std::min(step, M - m0);
-        GROUP_FNS4[mb](W + g * Kp / 4 * 64, D + g * Kp / SUPER * 64, S + g * Kp / SUB * 64, Kp, xq.data() + m0 * Kp,
-                       xsum.data() + m0 * (Kp / SUB), sr.data() + m0, bp, outs[g], m0, g * GROUP4);
+        const uint8_t* wg = W + g * Kp / 4 * 64;
+        const c10::Half* dg = D + g * Kp / SUPER * 64;
+        const uint8_t* sg = S + g * Kp / SUB * 64;
+        if (avx2)
+          group_rows4_avx2(mb, wg, dg, sg, Kp, xq.data() + m0 * Kp, xsum.data() + m0 * (Kp / SUB), sr.data() + m0, bp,
+                           outs[g], m0, g * GROUP4);
+        else
+          GROUP_FNS4[mb](wg, dg, sg, Kp, xq.data() + m0 * Kp, xsum.data() + m0 * (Kp / SUB), sr.data() + m0, bp, outs[g],
+                         m0, g * GROUP4);
       }
   });
   return ys;

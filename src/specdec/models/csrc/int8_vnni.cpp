@@ -173,6 +173,12 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t K4, bool per_pa
 
 }  // namespace
 
+// The AVX2 path (avx2_kernels.cpp): the same bits where the CPU has no AVX-512 VNNI.
+bool use_avx2();
+void quantize_rows_avx2(const float* x, int64_t M, int64_t K, int64_t K4, bool per_pass, uint8_t* xu, float* s);
+void group_rows_avx2(int64_t rows, const int8_t* wg, int64_t KB, const int16_t* x16, int64_t K4, const int32_t* cs,
+                     const float* sq, const float* s, const float* bias, const Out& out, int64_t m0, int64_t n0);
+
 // x [M, K] float32 (contiguous), packed [N32 / 32, K4 / 4, 32, 4] int8, colsum128 [N] int32, sq [N] float32 (the
 // weight's scale over 127), bias [N] or None -> y [M, N] float32, as one tensor per part: `widths` splits the N
 // columns (a fused layer's siblings; each part but the last a multiple of 32 wide; empty: one part). amx_from:
@@ -190,18 +196,25 @@ std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& pac
   if (M == 0) return ys;
   std::vector<uint8_t> xu(M * K4);
   std::vector<float> s(M);
-  quantize_rows(x.data_ptr<float>(), M, K, K4, per_pass, xu.data(), s.data());
+  const bool avx2 = use_avx2();
+  (avx2 ? quantize_rows_avx2 : quantize_rows)(x.data_ptr<float>(), M, K, K4, per_pass, xu.data(), s.data());
+  const std::vector<int16_t> x16 = avx2 ? std::vector<int16_t>(xu.begin(), xu.end()) : std::vector<int16_t>();
   const int8_t* W = packed.data_ptr<int8_t>();
   const int32_t* cs = colsum128.data_ptr<int32_t>();
   const float* sqp = sq.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  const bool amx = amx_from > 0 && M >= amx_from && K4 % (4 * AMX_STEP) == 0 && amx_ready();
+  const bool amx = !avx2 && amx_from > 0 && M >= amx_from && K4 % (4 * AMX_STEP) == 0 && amx_ready();
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     int64_t configured = 0;  // the A tile's rows as the tiles are configured on this thread (0: not yet)
     for (int64_t g = g0; g < g1; ++g) {  // a group's weights (KB x 128 bytes) stay in cache across row blocks
       const int64_t step = amx ? AMX_ROWS : MAX_ROWS;
       for (int64_t m0 = 0; m0 < M; m0 += step) {
         const int64_t mb = std::min(step, M - m0);
+        if (avx2) {
+          group_rows_avx2(mb, W + g * KB * 128, KB, x16.data() + m0 * K4, K4, cs, sqp, s.data() + m0, bp, outs[g], m0,
+                          g * GROUP);
+          continue;
+        }
         if (!amx) {
           GROUP_FNS[mb](W + g * KB * 128, KB, xu.data() + m0 * K4, K4, cs, sqp, s.data() + m0, bp, outs[g], m0,
                         g * GROUP);
@@ -251,7 +264,7 @@ std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
   return {packed, colsum};
 }
 
-// Defined in int4_vnni.cpp, row_attention.cpp and decoder_step.cpp (the same extension).
+// Defined in int4_vnni.cpp, row_attention.cpp, decoder_step.cpp and avx2_kernels.cpp (the same extension).
 std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& dmins,
                                  const torch::Tensor& scs, const c10::optional<torch::Tensor>& bias, int64_t N,
                                  const std::vector<int64_t>& widths);
@@ -264,6 +277,8 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
 std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
                                   const torch::Tensor& sin);
 void bind_decoder_step(pybind11::module& m);
+void set_avx2(bool on);
+int64_t avx2_calls();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");
@@ -275,4 +290,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_attention", &row_attention, "attention, each query row over its own keys, float32, fixed arithmetic");
   m.def("rotary", &rotary, "transformers' rotary embedding of q and k, element for element, as [B, H, L, D]");
   bind_decoder_step(m);  // DecoderStep: every decoder layer of a step in one call
+  m.def("set_avx2", &set_avx2, "run the AVX2 code of the GEMMs and the row attention (the same bits), or not");
+  m.def("uses_avx2", &use_avx2, "whether the AVX2 code runs");
+  m.def("avx2_calls", &avx2_calls, "how many GEMM and attention calls ran the AVX2 code so far");
 }

@@ -98,6 +98,12 @@ void attend(const float* q, const float* k, int64_t k_stride, const float* v, in
 
 }  // namespace
 
+// The AVX2 path (avx2_kernels.cpp): the same bits where the CPU has no AVX-512.
+bool use_avx2();
+void count_avx2_call();
+void attend_avx2(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L,
+                 int64_t D, float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out);
+
 // query [B, H, Q, D]; key/value [B, H_kv, L, D] (last dimension contiguous); row (b, i) attends to keys
 // [starts[b, i], ends[b, i]) (int64 [B, Q]); mask None or [B, Q, L] (bool: attend, or float32: added to the
 // scores) -> [B, Q, H, D] float32 (the layout transformers' attention functions return).
@@ -127,6 +133,8 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
   const int64_t* ep = en.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t group = H / Hkv;
+  const auto attend_row = use_avx2() ? attend_avx2 : attend;
+  if (use_avx2()) count_avx2_call();
   at::parallel_for(0, B * Q * H, 1, [&](int64_t a, int64_t b) {
     std::vector<float> scores(L);
     for (int64_t t = a; t < b; ++t) {
@@ -140,7 +148,7 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
       }
       const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() + row * L + lo : nullptr;
       const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() + row * L + lo : nullptr;
-      attend(qp + ((bi * H + h) * Q + i) * D, kp + bi * key.stride(0) + g * key.stride(1) + lo * key.stride(2),
+      attend_row(qp + ((bi * H + h) * Q + i) * D, kp + bi * key.stride(0) + g * key.stride(1) + lo * key.stride(2),
              key.stride(2), vp + bi * value.stride(0) + g * value.stride(1) + lo * value.stride(2), value.stride(2),
              hi - lo, D, static_cast<float>(scale), mb, ma, scores.data(), o);
     }

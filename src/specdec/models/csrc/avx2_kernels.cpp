@@ -1,0 +1,336 @@
+// specdec's kernels for CPUs with AVX2 (and FMA, F16C) but no AVX-512 VNNI: the int8 and int4 GEMMs, their row
+// quantization and the row attention of int8_vnni.cpp, int4_vnni.cpp and row_attention.cpp, with the same bits.
+//
+// The integer sums are exact either way: vpdpbusd's four u8 x s8 products per int32 lane become vpmaddubsw (int4: q
+// in 0..15 times int8, so a pair sums to at most 3,810: no int16 saturation) or vpmaddwd on int16 (int8: the
+// activation byte q + 128 and the weight widened to int16) and vpmaddwd. Every float operation is the AVX-512 code's,
+// lane for lane, in the same order (a 16-lane register is two 8-lane halves; its horizontal sums follow GCC's
+// _mm512_reduce_add_ps), so a model gives the same logits on either path (tests/test_avx2_kernels.py compares them
+// on one machine). The process picks the path once (set_avx2, from specdec.models.int8_vnni.kernel_isa).
+#include <torch/extension.h>
+#include "output_parts.h"
+#include <c10/util/Half.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace {
+bool avx2_path = false;
+std::atomic<int64_t> avx2_call_count{0};  // kernel calls that ran the AVX2 code (what the tests check)
+}
+
+void set_avx2(bool on) { avx2_path = on; }
+bool use_avx2() { return avx2_path; }
+void count_avx2_call() { avx2_call_count.fetch_add(1, std::memory_order_relaxed); }
+int64_t avx2_calls() { return avx2_call_count.load(); }
+
+namespace {
+
+// _mm512_reduce_add_ps of the 16 lanes (lo = lanes 0-7, hi = 8-15), operation for operation.
+__attribute__((target("avx2,fma")))
+inline float reduce_add16(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_add_ps(hi, lo);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
+
+// Lanes [0, count) of 8 live (count may be <= 0 or >= 8).
+__attribute__((target("avx2,fma")))
+inline __m256i live8(int64_t count) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(8, count)))), index);
+}
+
+__attribute__((target("avx2,fma")))
+inline __m256 max_abs(__m256 acc, const float* x, int64_t count) {
+  const __m256 v = _mm256_maskload_ps(x, live8(count));
+  return _mm256_max_ps(acc, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v));
+}
+
+// round(x * inv) as the AVX-512 code rounds it (nearest, ties to even), 8 lanes, count live (others 0).
+__attribute__((target("avx2,fma")))
+inline __m256i rounded(const float* x, int64_t count, __m256 inv) {
+  const __m256 v = _mm256_maskload_ps(x, live8(count));
+  return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+__attribute__((target("avx2,fma")))
+float row_max(const float* x, int64_t K) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) lo = max_abs(lo, x + k, K - k), hi = max_abs(hi, x + k + 8, K - k - 8);
+  alignas(32) float l[8], h[8];
+  _mm256_store_ps(l, lo), _mm256_store_ps(h, hi);
+  float mx = 0.0f;
+  for (int i = 0; i < 8; ++i) mx = std::max(mx, std::max(l[i], h[i]));  // (a maximum is exact in any order)
+  return mx;
+}
+
+}  // namespace
+
+// ---- int8 (int8_vnni.cpp's rows) ----
+
+// quantize_rows's bits: xu [M, K4] = round(x * (1 / s) * 127) + 128 (padding 128), s [M] the row (or pass) maxima.
+__attribute__((target("avx2,fma")))
+void quantize_rows_avx2(const float* x, int64_t M, int64_t K, int64_t K4, bool per_pass, uint8_t* xu, float* s) {
+  count_avx2_call();
+  const float tiny = std::numeric_limits<float>::min();
+  float pass_max = 0.0f;
+  for (int64_t m = 0; m < M; ++m) pass_max = std::max(pass_max, s[m] = std::max(row_max(x + m * K, K), tiny));
+  for (int64_t m = 0; m < M; ++m) {
+    if (per_pass) s[m] = pass_max;
+    const __m256 inv = _mm256_set1_ps((1.0f / s[m]) * 127.0f);
+    alignas(32) int32_t q[8];
+    for (int64_t k = 0; k < K4; k += 8) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q),
+                         _mm256_add_epi32(rounded(x + m * K + k, K - k, inv), _mm256_set1_epi32(128)));
+      for (int64_t i = 0; i < 8 && k + i < K4; ++i) xu[m * K4 + k + i] = static_cast<uint8_t>(q[i]);
+    }
+  }
+}
+
+namespace {
+
+// The int8 kernel's store_row for 8 columns: y = (float(acc - colsum128) * sq) * s + bias.
+__attribute__((target("avx2,fma")))
+inline void store8(__m256i acc, const int32_t* cs, const float* sq, float s, const float* bias, const Out& out,
+                   int64_t m, int64_t n0) {
+  const __m256i live = live8(out.end - n0);
+  __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_maskload_epi32(cs + n0, live))),
+                           _mm256_maskload_ps(sq + n0, live));
+  f = _mm256_mul_ps(f, _mm256_set1_ps(s));
+  if (bias) f = _mm256_add_ps(f, _mm256_maskload_ps(bias + n0, live));
+  _mm256_maskstore_ps(out.y + m * out.ld + (n0 - out.start), live, f);
+}
+
+// One group of 32 columns for MB (<= 4) rows, 8 columns at a time: per 4-column lane the 32 weight bytes of 8
+// columns widened to int16 (columns c..c+3, c+4..c+7), times the rows' 4 activation bytes as int16 (vpmaddwd: two
+// products a lane), the pairs added at the end: the int32 sums of vpdpbusd.
+template <int MB>
+__attribute__((target("avx2,fma")))
+void group8(const int8_t* wg, int64_t KB, const int16_t* x16, int64_t K4, const int32_t* cs, const float* sq,
+            const float* s, const float* bias, const Out& out, int64_t m0, int64_t n0) {
+  for (int64_t c = 0; c < 32; c += 8) {
+    if (n0 + c >= out.end) break;
+    __m256i lo[MB], hi[MB];
+    for (int m = 0; m < MB; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kb * 128 + c * 4));
+      const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+      const __m256i wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+      for (int m = 0; m < MB; ++m) {
+        int64_t four;
+        std::memcpy(&four, x16 + m * K4 + kb * 4, 8);
+        const __m256i xv = _mm256_set1_epi64x(four);
+        lo[m] = _mm256_add_epi32(lo[m], _mm256_madd_epi16(wl, xv));
+        hi[m] = _mm256_add_epi32(hi[m], _mm256_madd_epi16(wh, xv));
+      }
+    }
+    for (int m = 0; m < MB; ++m)  // pairs (c, c+1, c+4, c+5 | c+2, c+3, c+6, c+7) -> columns c..c+7 in order
+      store8(_mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[m], hi[m]), 0xD8), cs, sq, s[m], bias, out, m0 + m, n0 + c);
+  }
+}
+
+}  // namespace
+
+// The int8 GEMM's group loop body on AVX2: `rows` (<= 8) activation rows of xu [.., K4] (as quantize_rows wrote
+// them) against one packed group.
+void group_rows_avx2(int64_t rows, const int8_t* wg, int64_t KB, const int16_t* x16, int64_t K4, const int32_t* cs,
+                     const float* sq, const float* s, const float* bias, const Out& out, int64_t m0, int64_t n0) {
+  using Fn = void (*)(const int8_t*, int64_t, const int16_t*, int64_t, const int32_t*, const float*, const float*,
+                      const float*, const Out&, int64_t, int64_t);
+  static const Fn fns[5] = {nullptr, group8<1>, group8<2>, group8<3>, group8<4>};
+  for (int64_t r = 0; r < rows; r += 4) {
+    const int64_t mb = std::min<int64_t>(4, rows - r);
+    fns[mb](wg, KB, x16 + r * K4, K4, cs, sq, s + r, bias, out, m0 + r, n0);
+  }
+}
+
+// ---- int4 (int4_vnni.cpp's rows4) ----
+
+// quantize_rows4's bits: xq [M, Kp] int8, sr [M] = max|x| / 127, xsum [M, Kp / 32] (each sub-block's sum).
+__attribute__((target("avx2,fma")))
+void quantize_rows4_avx2(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq, float* sr, int32_t* xsum) {
+  count_avx2_call();
+  const float tiny = std::numeric_limits<float>::min();
+  alignas(32) int32_t q[8];
+  for (int64_t m = 0; m < M; ++m) {
+    const float s = std::max(row_max(x + m * K, K), tiny);
+    sr[m] = s / 127.0f;
+    const __m256 inv = _mm256_set1_ps((1.0f / s) * 127.0f);
+    for (int64_t j = 0; j < Kp / 32; ++j) {
+      int32_t sum = 0;
+      for (int64_t k = j * 32; k < (j + 1) * 32; k += 8) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(q), rounded(x + m * K + k, K - k, inv));
+        for (int i = 0; i < 8; ++i) sum += q[i], xq[m * Kp + k + i] = static_cast<int8_t>(q[i]);
+      }
+      xsum[m * (Kp / 32) + j] = sum;
+    }
+  }
+}
+
+namespace {
+
+__attribute__((target("avx2,fma,f16c")))
+inline __m256 halves8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+__attribute__((target("avx2,fma")))
+inline __m256 bytes8(const uint8_t* p) {
+  int64_t eight;
+  std::memcpy(&eight, p, 8);
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight)));
+}
+
+// One group of 32 columns for MB (<= 8) rows, in two passes of 16 columns (c0 .. c0 + 7 in the low nibbles of bytes
+// 32 * half .. + 31, c0 + 16 .. + 23 in their high nibbles): per sub-block the exact int32 sums (vpmaddubsw, then
+// vpmaddwd with ones), folded into the float sums exactly as group_rows4 folds them.
+template <int MB>
+__attribute__((target("avx2,fma,f16c")))
+void group4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp, const int8_t* xq,
+            const int32_t* xsum, const float* sr, const float* bias, const Out& out, int64_t m0, int64_t n0) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {
+    const int64_t cols[2] = {half * 8, 16 + half * 8};  // the low nibbles' columns, the high nibbles'
+    alignas(32) float f[MB][2][8] = {};
+    for (int64_t b = 0; b < Kp / 256; ++b) {
+      const c10::Half* dp = dg + b * 64;  // [d 32, dmin 32]
+      const __m256 d[2] = {halves8(dp + cols[0]), halves8(dp + cols[1])};
+      const __m256 dmin[2] = {halves8(dp + 32 + cols[0]), halves8(dp + 32 + cols[1])};
+      for (int64_t j = b * 8; j < (b + 1) * 8; ++j) {
+        __m256i acc[MB][2];
+        for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+        const uint8_t* p = wg + j * 8 * 64 + half * 32;
+        for (int64_t lane = 0; lane < 8; ++lane) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + lane * 64));
+          const __m256i w[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+          for (int m = 0; m < MB; ++m) {
+            int32_t four;
+            std::memcpy(&four, xq + m * Kp + j * 32 + lane * 4, 4);
+            const __m256i xb = _mm256_set1_epi32(four);
+            for (int h = 0; h < 2; ++h)
+              acc[m][h] = _mm256_add_epi32(acc[m][h], _mm256_madd_epi16(_mm256_maddubs_epi16(w[h], xb), ones));
+          }
+        }
+        const uint8_t* sm = sg + j * 64;  // [sc 32, m 32]
+        const __m256 scale[2] = {_mm256_mul_ps(d[0], bytes8(sm + cols[0])), _mm256_mul_ps(d[1], bytes8(sm + cols[1]))};
+        const __m256 mins[2] = {_mm256_mul_ps(dmin[0], bytes8(sm + 32 + cols[0])),
+                                _mm256_mul_ps(dmin[1], bytes8(sm + 32 + cols[1]))};
+        for (int m = 0; m < MB; ++m) {
+          const __m256 xs = _mm256_set1_ps(static_cast<float>(xsum[m * (Kp / 32) + j]));
+          for (int h = 0; h < 2; ++h)
+            _mm256_store_ps(f[m][h], _mm256_fnmadd_ps(xs, mins[h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][h]),
+                                                                                   scale[h], _mm256_load_ps(f[m][h]))));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + cols[h];
+      if (n >= out.end) continue;
+      const __m256i live = live8(out.end - n);
+      const __m256 bv = bias ? _mm256_maskload_ps(bias + n, live) : _mm256_setzero_ps();
+      for (int m = 0; m < MB; ++m) {
+        __m256 y = _mm256_mul_ps(_mm256_load_ps(f[m][h]), _mm256_set1_ps(sr[m]));
+        if (bias) y = _mm256_add_ps(y, bv);
+        _mm256_maskstore_ps(out.y + (m0 + m) * out.ld + (n - out.start), live, y);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp,
+                      const int8_t* xq, const int32_t* xsum, const float* sr, const float* bias, const Out& out,
+                      int64_t m0, int64_t n0) {
+  using Fn = void (*)(const uint8_t*, const c10::Half*, const uint8_t*, int64_t, const int8_t*, const int32_t*,
+                      const float*, const float*, const Out&, int64_t, int64_t);
+  static const Fn fns[5] = {nullptr, group4<1>, group4<2>, group4<3>, group4<4>};
+  for (int64_t r = 0; r < rows; r += 4) {
+    const int64_t mb = std::min<int64_t>(4, rows - r);
+    fns[mb](wg, dg, sg, Kp, xq + r * Kp, xsum + r * (Kp / 32), sr + r, bias, out, m0 + r, n0);
+  }
+}
+
+// ---- row attention (row_attention.cpp's attend) ----
+
+namespace {
+
+// exp_nonpositive of row_attention.cpp on 8 lanes, operation for operation.
+__attribute__((target("avx2,fma")))
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// row_attention.cpp's dot: 16 lanes of products summed per lane, then _mm512_reduce_add_ps.
+__attribute__((target("avx2,fma")))
+float dot16(const float* a, const float* b, int64_t d) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) {
+    const __m256i l0 = live8(d - i), l1 = live8(d - i - 8);
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_maskload_ps(a + i, l0), _mm256_maskload_ps(b + i, l0)));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_maskload_ps(a + i + 8, l1), _mm256_maskload_ps(b + i + 8, l1)));
+  }
+  return reduce_add16(lo, hi);
+}
+
+// The scores' exponentials for lanes [j, j + 8) of L (count live), written back; their sum added to acc.
+__attribute__((target("avx2,fma")))
+inline __m256 exp_scores(float* scores, int64_t count, __m256 vmx, __m256 acc) {
+  const __m256i live = live8(count);
+  const __m256 sc = _mm256_maskload_ps(scores, live);
+  const __m256 finite = _mm256_and_ps(_mm256_castsi256_ps(live), _mm256_cmp_ps(sc, _mm256_set1_ps(
+      -std::numeric_limits<float>::infinity()), _CMP_NEQ_OQ));  // masked keys: 0
+  const __m256 e = _mm256_and_ps(finite, exp8(_mm256_sub_ps(sc, vmx)));
+  _mm256_maskstore_ps(scores, live, e);
+  return _mm256_add_ps(acc, e);
+}
+
+}  // namespace
+
+// attend of row_attention.cpp (one query row and head over its L keys) with the same bits.
+__attribute__((target("avx2,fma")))
+void attend_avx2(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L,
+                 int64_t D, float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float mx = neg_inf;
+  for (int64_t j = 0; j < L; ++j) {
+    float s = dot16(q, k + j * k_stride, D) * scale;
+    if (mask_bool && !mask_bool[j]) s = neg_inf;
+    if (mask_add) s = s + mask_add[j];
+    scores[j] = s;
+    mx = std::max(mx, s);
+  }
+  for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
+  if (mx == neg_inf) return;
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t j = 0; j < L; j += 16)  // (dead lanes add zeros, as the AVX-512 code's masked lanes do)
+    lo = exp_scores(scores + j, L - j, vmx, lo), hi = exp_scores(scores + j + 8, L - j - 8, vmx, hi);
+  const float inv = 1.0f / reduce_add16(lo, hi);
+  for (int64_t j = 0; j < L; ++j) {
+    const float w = scores[j];
+    if (w == 0.0f) continue;
+    const float* vj = v + j * v_stride;
+    const __m256 vw = _mm256_set1_ps(w);
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8)  // (lanes are independent: 8 at a time is the 16-lane code's arithmetic)
+      _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(vw, _mm256_loadu_ps(vj + i))));
+    for (; i < D; ++i) out[i] = out[i] + w * vj[i];
+  }
+  for (int64_t i = 0; i < D; ++i) out[i] = out[i] * inv;
+}

@@ -1,0 +1,83 @@
+"""The AVX2 code of specdec's kernels (csrc/avx2_kernels.cpp, for CPUs without AVX-512 VNNI) gives the AVX-512 code's
+bits: the int8 and int4 GEMMs (row quantization, exact integer sums, the float epilogue), the row attention and a
+whole model's logits through the decoder step. Both paths run on a CPU with AVX-512 VNNI, which this needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.models import int8_vnni
+from specdec.models.int4_vnni import Int4Weight
+from specdec.models.int8_weights import quantize_weight
+
+pytestmark = pytest.mark.skipif(int8_vnni.kernel_isa() != "avx512",
+                                reason="comparing both paths needs a CPU with AVX-512 VNNI")
+
+
+@pytest.fixture
+def both():
+    """Run ``fn`` on the AVX-512 code, then on the AVX2 code; the process's choice is restored after."""
+    ext = int8_vnni.extension()
+    before = ext.uses_avx2()
+
+    def run(fn):
+        out = []
+        for avx2 in (False, True):
+            ext.set_avx2(avx2)
+            calls = ext.avx2_calls()
+            out.append(fn())
+            assert (ext.avx2_calls() > calls) == avx2  # the AVX2 code ran, and only when asked
+        ext.set_avx2(before)
+        return out
+
+    yield run
+    ext.set_avx2(before)
+
+
+@pytest.mark.parametrize("n,k", [(96, 256), (100, 300), (64, 1536), (40, 8)])
+def test_the_gemms_give_the_avx512_bits(both, n, k):
+    torch.manual_seed(n + k)
+    weight, bias = torch.randn(n, k), torch.randn(n)
+    int4, int8 = Int4Weight.quantize(weight), int8_vnni.VnniWeight(quantize_weight(weight, True))
+    for m in (1, 3, 5, 8, 13):
+        x = torch.randn(m, k) * 3
+        x[0, :7] = 0.0  # zeros and a row's largest value among them
+        avx512, avx2 = both(lambda: [int4.rows(x, bias=bias), int8.rows(x, bias=bias), int8.rows(x, per_pass=True),
+                                     int8.row_parts(x, [32, n - 32])[1] if n > 32 else int8.rows(x)])
+        for a, b in zip(avx512, avx2):
+            assert torch.equal(a, b), (m, (a - b).abs().max().item())
+    # and the values are right: the int4 rows against the dequantized weight in float64
+    reference = x.double() @ int4.dequantized().double().T + bias.double()
+    torch.testing.assert_close(avx2[0].double(), reference, atol=0.05 * reference.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("b,h,h_kv,q,length,d", [(1, 14, 2, 5, 37, 64), (2, 4, 2, 3, 17, 20), (1, 8, 8, 1, 300, 128)])
+def test_the_row_attention_gives_the_avx512_bits(both, b, h, h_kv, q, length, d):
+    torch.manual_seed(length)
+    query, key, value = torch.randn(b, h, q, d), torch.randn(b, h_kv, length, d), torch.randn(b, h_kv, length, d)
+    starts, ends = torch.zeros(b, q, dtype=torch.long), torch.randint(1, length + 1, (b, q))
+    ext = int8_vnni.extension()
+    for mask in (None, torch.rand(b, q, length) > 0.3, torch.randn(b, q, length)):
+        avx512, avx2 = both(lambda: ext.row_attention(query, key, value, starts, ends, mask, d ** -0.5))
+        assert torch.equal(avx512, avx2)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_model_gives_the_same_logits_on_both_paths(both, method):
+    from test_lean_attention import passes
+    from test_quantize import quantized_copy
+    from tiny import load_tiny
+
+    model = quantized_copy(load_tiny("qwen2", eos=None, hidden=128), method)
+    avx512, avx2 = both(lambda: passes(model))  # prefills, steps and blocks (the decoder step), both engines
+    assert torch.equal(avx512, avx2)
+
+
+def test_the_process_runs_the_avx2_code_where_asked(monkeypatch):
+    """``ATEN_CPU_CAPABILITY=avx2`` (issue 39's approximation of an AVX2-only CPU) picks the AVX2 code; the extension
+    applies the choice when it loads (once per process)."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert int8_vnni.kernel_isa() == "avx2"
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    assert int8_vnni.kernel_isa() == "avx512" and not int8_vnni.extension().uses_avx2()
