@@ -106,31 +106,39 @@ inline void store8(__m256i acc, const int32_t* cs, const float* sq, float s, con
   _mm256_maskstore_ps(out.y + m * out.ld + (n0 - out.start), live, f);
 }
 
-// One group of 32 columns for MB (<= 4) rows, 8 columns at a time: per 4-column lane the 32 weight bytes of 8
-// columns widened to int16 (columns c..c+3, c+4..c+7), times the rows' 4 activation bytes as int16 (vpmaddwd: two
-// products a lane), the pairs added at the end: the int32 sums of vpdpbusd.
-template <int MB>
+// One group of 32 columns for MB (<= 4) rows, 8 * CW columns a pass (CW = 4 / MB: every byte of a weight line used
+// in the pass that loads it, 8 accumulators): per 4-column lane the weight bytes of 8 columns widened to int16
+// (columns c..c+3, c+4..c+7), times the rows' 4 activation bytes as int16 (vpmaddwd: two products a lane), the pairs
+// added at the end: the int32 sums of vpdpbusd.
+template <int MB, int CW>
 __attribute__((target("avx2,fma")))
 void group8(const int8_t* wg, int64_t KB, const int16_t* x16, int64_t K4, const int32_t* cs, const float* sq,
             const float* s, const float* bias, const Out& out, int64_t m0, int64_t n0) {
-  for (int64_t c = 0; c < 32; c += 8) {
-    if (n0 + c >= out.end) break;
-    __m256i lo[MB], hi[MB];
-    for (int m = 0; m < MB; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
+  for (int64_t c0 = 0; c0 < 32; c0 += 8 * CW) {
+    if (n0 + c0 >= out.end) break;
+    __m256i lo[MB][CW], hi[MB][CW];
+    for (int m = 0; m < MB; ++m)
+      for (int u = 0; u < CW; ++u) lo[m][u] = hi[m][u] = _mm256_setzero_si256();
     for (int64_t kb = 0; kb < KB; ++kb) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kb * 128 + c * 4));
-      const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-      const __m256i wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-      for (int m = 0; m < MB; ++m) {
-        int64_t four;
-        std::memcpy(&four, x16 + m * K4 + kb * 4, 8);
-        const __m256i xv = _mm256_set1_epi64x(four);
-        lo[m] = _mm256_add_epi32(lo[m], _mm256_madd_epi16(wl, xv));
-        hi[m] = _mm256_add_epi32(hi[m], _mm256_madd_epi16(wh, xv));
+      for (int u = 0; u < CW; ++u) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kb * 128 + (c0 + 8 * u) * 4));
+        const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+        const __m256i wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+        for (int m = 0; m < MB; ++m) {
+          int64_t four;
+          std::memcpy(&four, x16 + m * K4 + kb * 4, 8);
+          const __m256i xv = _mm256_set1_epi64x(four);
+          lo[m][u] = _mm256_add_epi32(lo[m][u], _mm256_madd_epi16(wl, xv));
+          hi[m][u] = _mm256_add_epi32(hi[m][u], _mm256_madd_epi16(wh, xv));
+        }
       }
     }
-    for (int m = 0; m < MB; ++m)  // pairs (c, c+1, c+4, c+5 | c+2, c+3, c+6, c+7) -> columns c..c+7 in order
-      store8(_mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[m], hi[m]), 0xD8), cs, sq, s[m], bias, out, m0 + m, n0 + c);
+    for (int u = 0; u < CW; ++u) {
+      if (n0 + c0 + 8 * u >= out.end) break;
+      for (int m = 0; m < MB; ++m)  // pairs (c, c+1, c+4, c+5 | c+2, c+3, c+6, c+7) -> columns c..c+7 in order
+        store8(_mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[m][u], hi[m][u]), 0xD8), cs, sq, s[m], bias, out, m0 + m,
+               n0 + c0 + 8 * u);
+    }
   }
 }
 
@@ -142,7 +150,7 @@ void group_rows_avx2(int64_t rows, const int8_t* wg, int64_t KB, const int16_t* 
                      const float* sq, const float* s, const float* bias, const Out& out, int64_t m0, int64_t n0) {
   using Fn = void (*)(const int8_t*, int64_t, const int16_t*, int64_t, const int32_t*, const float*, const float*,
                       const float*, const Out&, int64_t, int64_t);
-  static const Fn fns[5] = {nullptr, group8<1>, group8<2>, group8<3>, group8<4>};
+  static const Fn fns[5] = {nullptr, group8<1, 4>, group8<2, 2>, group8<3, 1>, group8<4, 1>};
   for (int64_t r = 0; r < rows; r += 4) {
     const int64_t mb = std::min<int64_t>(4, rows - r);
     fns[mb](wg, KB, x16 + r * K4, K4, cs, sq, s + r, bias, out, m0 + r, n0);
