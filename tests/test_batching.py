@@ -132,7 +132,7 @@ def test_rows_follow_the_target_distribution_at_temperature_one():
 
 
 def quantizations():
-    """int8, and int4 where the CPU runs it (AVX-512 VNNI): the kernels of the CPU's quantized targets."""
+    """int8, and int4 where the CPU runs it (AVX-512 VNNI or AVX2): the kernels of the CPU's quantized targets."""
     from specdec.models import int8_vnni
 
     return ["int8", "int4"] if int8_vnni.cpu_supported() else ["int8"]

@@ -13,7 +13,7 @@ from test_lean_attention import passes
 from test_quantize import SEQ, quantized_copy
 from tiny import load_tiny, tiny_gemma3
 
-pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has no AVX-512 VNNI")
+pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 
 
 @pytest.fixture
@@ -70,11 +70,39 @@ def test_the_step_keeps_the_serial_threads():
     assert torch.get_num_threads() == 2 and threads.kernel_threads() is None
 
 
-def test_other_models_run_transformers_forward():
+def test_other_models_run_transformers_forward(counted):
     assert decoder_step.decoder_step(quantized_copy(tiny_gemma3(eos=None)).hf_model) is None  # q/k norms, windows
     assert decoder_step.decoder_step(load_tiny("qwen2", eos=None, hidden=128).hf_model) is None  # float
     model = quantized_copy(load_tiny("qwen2", eos=None, hidden=128), "int8")
+    session, _ = model.start(SEQ, 64)
+    session.prefill(SEQ[:5])
+    session.extend(SEQ[5:6], 1)
+    assert counted[0] == 1
     for layer in model.hf_model.modules():
         if isinstance(layer, Int8Linear):
-            layer.pinned = False  # torch's per-pass scale (measurements): not the vnni rows
-    assert decoder_step.decoder_step(model.hf_model) is None
+            layer.pinned = False  # torch's per-pass scale (measurements), after the step was built: not the step
+    session.extend(SEQ[6:7], 1)
+    assert counted[0] == 1
+    assert decoder_step.decoder_step(quantized_copy(load_tiny("qwen2", eos=None, hidden=128), "int8").hf_model)
+
+
+def test_biases_in_every_projection_give_transformers_bits():
+    """Llama with attention and MLP biases (o_proj and down_proj too): the step adds each where transformers does."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tiny import VOCAB, tiny_tokenizer
+
+    torch.manual_seed(3)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=len(VOCAB), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+                                      max_position_embeddings=256, bos_token_id=1, eos_token_id=None))
+    with torch.no_grad():
+        for module in hf.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(0, 0.5)
+    model = specdec.load(hf, tokenizer=tiny_tokenizer(), name="tiny-biased", quantize="int8")
+    assert decoder_step.decoder_step(model.hf_model) is not None
+    ours = passes(model)
+    decoder_step.set_enabled(model.hf_model, False)
+    lean_attention.uninstall(model.hf_model)
+    assert torch.equal(ours, passes(model))

@@ -21,7 +21,7 @@ def test_kept_ids_are_the_first_n_and_the_end_of_sequence_ids():
 
 
 @pytest.mark.parametrize("quantize", [None, "int8", pytest.param("int4", marks=pytest.mark.skipif(
-    not int8_vnni.cpu_supported(), reason="int4 runs on the vnni kernel: this CPU has no AVX-512 VNNI"))])
+    not int8_vnni.cpu_supported(), reason="int4 runs on the vnni kernel: this CPU has neither AVX-512 VNNI nor AVX2"))])
 def test_the_kept_logits_are_the_full_heads_bit_for_bit(quantize):
     model = load_tiny(vocab=64, eos=None)
     if quantize:

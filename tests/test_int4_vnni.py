@@ -1,7 +1,7 @@
 """int4 weights on specdec's vnni extension (specdec.models.int4_vnni): the kernel multiplies by exactly the
 dequantized Q4_K-form weight, each row independent of the others (block invariance); a GGUF's Q4_K blocks come in
 bit for bit (checked against gguf-py's own dequantization); an int4 model is block-invariant and, as a draft, never
-changes the output. Skipped where the CPU has no AVX-512 VNNI (int4 is refused there, tested below)."""
+changes the output. Skipped where the CPU has neither AVX-512 VNNI nor AVX2 (int4 is refused there, tested below)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from specdec.models.int4_vnni import Int4Linear, Int4Weight
 from test_quantize import PROMPT, SEQ, quantized_copy, steps_and_block
 from tiny import load_tiny, perturbed, tiny_gemma3
 
-needs_vnni = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has no AVX-512 VNNI")
+needs_vnni = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 
 
 def reference(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None) -> torch.Tensor:

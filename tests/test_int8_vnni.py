@@ -1,8 +1,8 @@
 """specdec's vnni int8 kernel (specdec.models.int8_vnni): exact against an integer reference, one row's output
 independent of the others (block invariance), the oneDNN path's bits, and the fallback when it cannot run.
 
-The kernel needs a CPU with AVX-512 VNNI; elsewhere these tests are skipped (the int8 models run fbgemm there,
-and tests/test_quantize.py tests every kernel the machine has)."""
+The kernel needs a CPU with AVX-512 VNNI or AVX2 (its AVX2 code: tests/test_avx2_kernels.py); elsewhere these tests
+are skipped (the int8 models run fbgemm there, and tests/test_quantize.py tests every kernel the machine has)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import specdec
 from specdec.models import int8_kernels, int8_vnni
 from specdec.models.int8_weights import quantize_weight
 
-pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has no AVX-512 VNNI")
+pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 
 
 def reference(x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None, per_pass: bool = False) -> torch.Tensor:

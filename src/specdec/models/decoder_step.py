@@ -10,8 +10,8 @@ same order on the same shapes, so the logits are the Python path's bit for bit (
 every exactness property of the model stands. The embedding, the rotary table, the final norm and the LM head stay
 transformers' modules (once per step).
 
-Anything else (a prefill, another architecture, a sliding window, a batch of sequences, a float model) runs
-transformers' forward: :func:`step` returns None there.
+Anything else (a pass from position 0, another architecture, a sliding window, a batch of sequences, a float model,
+a layer switched to torch's per-pass scale) runs transformers' forward: :func:`step` returns None there.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from specdec.models import int8_vnni, row_attention, threads
+from specdec.models import int8_vnni, lean_attention, row_attention, threads
 from specdec.models.int4_vnni import Int4Weight
 from specdec.models.int8_fusion import Int8Slice
 from specdec.models.int8_linear import Int8Linear
@@ -30,6 +30,7 @@ from specdec.models.kv_cache import PreallocatedLayer
 #: The decoder layers, norms and activation this step reproduces (transformers' classes of the plain Llama form).
 LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer")
 NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")
+ACTIVATIONS = ("SiLUActivation", "SiLU")  # (both are F.silu)
 
 _ATTRIBUTE = "_specdec_decoder_step"  # on the decoder stack (shared by a model's copies): the step, or False
 
@@ -73,11 +74,13 @@ def _build(hf_model: Any) -> Any:
             or getattr(config, "hidden_act", None) != "silu"
             or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])):
         return None
-    step = None
+    step, kernels = None, []
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         if (type(layer).__name__ not in LAYERS or type(layer.input_layernorm).__name__ not in NORMS
                 or type(layer.post_attention_layernorm).__name__ not in NORMS
+                or _base_name(attn) not in lean_attention.SUPPORTED or _base_name(mlp) not in lean_attention.SUPPORTED_MLPS
+                or type(getattr(mlp, "act_fn", None)).__name__ not in ACTIVATIONS
                 or getattr(attn, "sliding_window", None) or not hasattr(mlp, "gate_proj")):
             return None
         qkv = _group([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -90,7 +93,17 @@ def _build(hf_model: Any) -> Any:
         norm_in, norm_post = layer.input_layernorm, layer.post_attention_layernorm
         step.add_layer(norm_in.weight.detach(), float(norm_in.variance_epsilon), norm_post.weight.detach(),
                        float(norm_post.variance_epsilon), qkv, o[0], gate_up, down[0])
+        kernels += [m.fused.layer if isinstance(m, Int8Slice) else m
+                    for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+    if step is not None:
+        step.kernel_layers = list({id(k): k for k in kernels}.values())  # what step() checks is still pinned
     return step
+
+
+def _base_name(module: Any) -> str:
+    """The transformers class name of ``module`` (lean_attention's subclasses named by their base)."""
+    cls = type(module)
+    return cls.__bases__[0].__name__ if cls.__name__.startswith("Lean") else cls.__name__
 
 
 def decoder_step(hf_model: Any) -> Any:
@@ -103,6 +116,10 @@ def decoder_step(hf_model: Any) -> Any:
         found = _build(hf_model) or False
         object.__setattr__(body, _ATTRIBUTE, found)
     return found or None
+
+
+def layers_head_dim(hf_model: Any) -> int:
+    return hf_model.model.layers[0].self_attn.head_dim
 
 
 def set_enabled(hf_model: Any, enabled: bool) -> None:
@@ -123,18 +140,20 @@ def step(hf_model: Any, cache: Any, ids: torch.Tensor, n_logits: int) -> torch.T
             or row_attention._BATCH_ROWS.get() is not None):
         return None
     runner = decoder_step(hf_model)
-    if runner is None or runner.layers() != len(layers):
-        return None
+    if runner is None or runner.layers() != len(layers) or not all(k.pinned for k in runner.kernel_layers):
+        return None  # (a layer switched to torch's per-pass scale since the build: transformers' forward)
     body, length, k = hf_model.model, layers[0].length, int(ids.shape[1])
     end = length + k
-    hidden = body.embed_tokens(ids)  # [1, k, H]
-    if hidden.dtype != torch.float32 or any(layer.length != length for layer in layers):
+    if any(layer.length != length for layer in layers):
         return None
     with threads.serial_pass(hf_model, k):
-        for layer in layers:
-            layer._reserve(end, layer.keys, layer.values)
+        hidden = body.embed_tokens(ids)  # [1, k, H]
         position_ids = torch.arange(length, end)[None]  # [1, k]
         cos, sin = body.rotary_emb(hidden, position_ids)  # [1, k, D] each
+        if hidden.dtype != torch.float32 or cos.shape != (1, k, layers_head_dim(hf_model)):
+            return None
+        for layer in layers:
+            layer._reserve(end, layer.keys, layer.values)
         hidden = runner.forward(hidden, cos, sin, [layer._key_buffer for layer in layers],
                                 [layer._value_buffer for layer in layers], length, int8_vnni.amx_from(),
                                 threads.kernel_threads() or 0)  # [1, k, H]

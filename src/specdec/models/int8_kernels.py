@@ -61,9 +61,15 @@ def available() -> list[str]:
 
 
 def default_kernel() -> str:
-    """The kernel :data:`DEFAULT_BY_CPU` names for this CPU (fbgemm for a kind it does not list)."""
+    """specdec's vnni kernel wherever it runs (AVX-512 VNNI, or its AVX2 code with the same bits:
+    :func:`specdec.models.int8_vnni.kernel_isa`), so an int4-mixed model's int8 layers run the kernel its int4 layers
+    run (one kernel a model: its row attention and decoder step); elsewhere the kernel :data:`DEFAULT_BY_CPU` names
+    for this CPU (fbgemm for a kind it does not list)."""
+    from specdec.models import int8_vnni
     from specdec.sweeps.machine import cpu_kind  # (imported here: specdec.sweeps imports the models)
 
+    if int8_vnni.kernel_isa() is not None:
+        return "vnni"
     return DEFAULT_BY_CPU.get(cpu_kind().split(", ")[0], "fbgemm")
 
 
@@ -104,8 +110,8 @@ def chosen() -> str:
                     have = [k for k in have if k != "vnni"]
                     if not have:
                         raise SpecDecError(error)
-            # where the preferred kernel cannot run (no AVX-512 VNNI after all, e.g. ATEN_CPU_CAPABILITY=avx2 on a
-            # bigger CPU), fbgemm: oneDNN's int8 GEMM without AMX re-lays weights out and is several times slower
+            # where the preferred kernel cannot run (no compiler, or ATEN_CPU_CAPABILITY=default on a CPU whose kind
+            # names vnni), fbgemm: oneDNN's int8 GEMM without AMX re-lays weights out and is several times slower
             _chosen = preferred if preferred in have else ("fbgemm" if "fbgemm" in have else have[0])
             if error is not None:
                 warnings.warn(f"{error}: the int8 models run {_chosen}'s kernel instead", stacklevel=2)

@@ -18,8 +18,8 @@ the int8 model stays block-invariant (tests/test_quantize.py, tests/test_int8_vn
 
 The extension is compiled on first use (about 40 s, once per machine; torch's extension cache keeps it,
 keyed by the source's hash) with the C++ compiler torch's extensions use. Without a compiler, or on a CPU
-without AVX-512 VNNI, the kernel is unavailable and :func:`specdec.models.int8_kernels.chosen` falls back to
-fbgemm, saying why.
+with neither AVX-512 VNNI nor AVX2, the kernel is unavailable and :func:`specdec.models.int8_kernels.chosen` falls
+back to fbgemm, saying why.
 """
 
 from __future__ import annotations

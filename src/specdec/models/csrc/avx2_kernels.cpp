@@ -5,8 +5,9 @@
 // in 0..15 times int8, so a pair sums to at most 3,810: no int16 saturation) or vpmaddwd on int16 (int8: the
 // activation byte q + 128 and the weight widened to int16) and vpmaddwd. Every float operation is the AVX-512 code's,
 // lane for lane, in the same order (a 16-lane register is two 8-lane halves; its horizontal sums follow GCC's
-// _mm512_reduce_add_ps), so a model gives the same logits on either path (tests/test_avx2_kernels.py compares them
-// on one machine). The process picks the path once (set_avx2, from specdec.models.int8_vnni.kernel_isa).
+// _mm512_reduce_add_ps, the compiler torch's extensions build with here), so the kernels give the same outputs on
+// either path (tests/test_avx2_kernels.py compares them, and a model's logits, on one machine). The process picks
+// the path once (set_avx2, from specdec.models.int8_vnni.kernel_isa).
 #include <torch/extension.h>
 #include "output_parts.h"
 #include <c10/util/Half.h>
@@ -170,12 +171,12 @@ void quantize_rows4_avx2(const float* x, int64_t M, int64_t K, int64_t Kp, int8_
     sr[m] = s / 127.0f;
     const __m256 inv = _mm256_set1_ps((1.0f / s) * 127.0f);
     for (int64_t j = 0; j < Kp / 32; ++j) {
-      int32_t sum = 0;
+      uint32_t sum = 0;  // (wrapping as the AVX-512 code's vector sum would, were a lane ever out of range)
       for (int64_t k = j * 32; k < (j + 1) * 32; k += 8) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(q), rounded(x + m * K + k, K - k, inv));
-        for (int i = 0; i < 8; ++i) sum += q[i], xq[m * Kp + k + i] = static_cast<int8_t>(q[i]);
+        for (int i = 0; i < 8; ++i) sum += static_cast<uint32_t>(q[i]), xq[m * Kp + k + i] = static_cast<int8_t>(q[i]);
       }
-      xsum[m * (Kp / 32) + j] = sum;
+      xsum[m * (Kp / 32) + j] = static_cast<int32_t>(sum);
     }
   }
 }

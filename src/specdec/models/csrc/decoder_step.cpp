@@ -160,9 +160,9 @@ class DecoderStep {
 };
 
 void bind_decoder_step(pybind11::module& m) {
-  pybind11::class_<DecoderStep>(m, "DecoderStep")
+  pybind11::class_<DecoderStep>(m, "DecoderStep", pybind11::dynamic_attr())  // (Python notes its layers on it)
       .def(pybind11::init<int64_t, double>())
       .def("add_layer", &DecoderStep::add_layer)
       .def("layers", &DecoderStep::layers)
-      .def("forward", &DecoderStep::forward);
+      .def("forward", &DecoderStep::forward, pybind11::call_guard<pybind11::gil_scoped_release>());  // (no Python inside)
 }

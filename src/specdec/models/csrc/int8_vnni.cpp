@@ -281,7 +281,7 @@ void set_avx2(bool on);
 int64_t avx2_calls();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI or AMX), exact int32 accumulation");
+  m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI, AMX or AVX2), exact int32 accumulation");
   m.def("pack", &pack, "int8 [N_i, K] parts -> (the GEMM's packed layout, 128 * row sums), one pass");
   m.def("has_amx", &has_amx, "whether the GEMM can use AMX tiles here (the CPU has them and Linux allows them)");
   m.def("rows4", &rows4, "int4 GEMM (Q4_K arithmetic) over row-quantized int8 activations, exact int32 sums");
