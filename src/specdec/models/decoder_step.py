@@ -22,7 +22,7 @@ import torch
 
 from specdec.models import int8_vnni, lean_attention, row_attention, threads
 from specdec.models.int4_vnni import Int4Weight
-from specdec.models.int8_fusion import Int8Slice
+from specdec.models.int8_fusion import Int8Slice, fused_set
 from specdec.models.int8_linear import Int8Linear
 from specdec.models.int8_vnni import VnniWeight
 from specdec.models.kv_cache import PreallocatedLayer
@@ -50,9 +50,8 @@ def _linear(layer: Int8Linear, widths: list[int]) -> tuple | None:
 
 def _group(modules: list[Any]) -> list[tuple] | None:
     """The linear calls that give ``modules``' outputs in order (one per fused set, one per other layer)."""
-    fused = getattr(modules[0], "fused", None)
-    if (fused is not None and all(isinstance(m, Int8Slice) and m.fused is fused for m in modules)
-            and [m.start for m in modules] == [start for start, _ in fused.bounds]):
+    fused = fused_set(modules)
+    if fused is not None:
         if any(start % int8_vnni.GROUP for start, _ in fused.bounds):
             return None
         one = _linear(fused.layer, list(fused.widths))
@@ -97,6 +96,7 @@ def _build(hf_model: Any) -> Any:
                     for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
     if step is not None:
         step.kernel_layers = list({id(k): k for k in kernels}.values())  # what step() checks is still pinned
+        step.head_dim = attn.head_dim
     return step
 
 
@@ -116,10 +116,6 @@ def decoder_step(hf_model: Any) -> Any:
         found = _build(hf_model) or False
         object.__setattr__(body, _ATTRIBUTE, found)
     return found or None
-
-
-def layers_head_dim(hf_model: Any) -> int:
-    return hf_model.model.layers[0].self_attn.head_dim
 
 
 def set_enabled(hf_model: Any, enabled: bool) -> None:
@@ -150,15 +146,14 @@ def step(hf_model: Any, cache: Any, ids: torch.Tensor, n_logits: int) -> torch.T
         hidden = body.embed_tokens(ids)  # [1, k, H]
         position_ids = torch.arange(length, end)[None]  # [1, k]
         cos, sin = body.rotary_emb(hidden, position_ids)  # [1, k, D] each
-        if hidden.dtype != torch.float32 or cos.shape != (1, k, layers_head_dim(hf_model)):
+        if hidden.dtype != torch.float32 or cos.shape != (1, k, runner.head_dim):
             return None
         for layer in layers:
-            layer._reserve(end, layer.keys, layer.values)
+            layer.reserve(end)
         hidden = runner.forward(hidden, cos, sin, [layer._key_buffer for layer in layers],
                                 [layer._value_buffer for layer in layers], length, int8_vnni.amx_from(),
                                 threads.kernel_threads() or 0)  # [1, k, H]
         for layer in layers:
-            layer.length = end
-            layer.keys, layer.values = layer._key_buffer[..., :end, :], layer._value_buffer[..., :end, :]
+            layer.filled(end)
         hidden = body.norm(hidden)
         return hf_model.lm_head(hidden[:, -n_logits:])  # [1, n_logits, V]

@@ -104,6 +104,15 @@ def _cat_per_channel(qweights: list[torch.Tensor]) -> torch.Tensor | None:
             torch.cat([q.q_per_channel_zero_points() for q in qweights]), 0)
 
 
+def fused_set(members: list) -> _Fused | None:
+    """The fused layer of ``members`` where they are all of its members, in order (one kernel call gives their
+    outputs: ``fused.layer.parts(x, fused.widths)``); None otherwise."""
+    fused = getattr(members[0], "fused", None)
+    if not all(isinstance(m, Int8Slice) and m.fused is fused for m in members):
+        return None
+    return fused if [m.start for m in members] == [start for start, _ in fused.bounds] else None
+
+
 def sibling_set(name: str) -> list[str] | None:
     """The layer names of the sibling set (:data:`FUSED_SIBLINGS`) that ``name`` opens, in order; None if it opens
     none."""

@@ -65,10 +65,19 @@ class PreallocatedLayer(DynamicLayer):
         self._reserve(end, key_states, value_states)
         self._key_buffer[..., self.length : end, :].copy_(key_states)
         self._value_buffer[..., self.length : end, :].copy_(value_states)
+        self.filled(end)
+        return self.keys, self.values
+
+    def reserve(self, end: int) -> None:
+        """Make the buffers of an initialized layer hold at least ``end`` positions (for a writer of its own:
+        specdec.models.decoder_step), keeping the filled part."""
+        self._reserve(end, self.keys, self.values)
+
+    def filled(self, end: int) -> None:
+        """The buffers now hold ``end`` positions (written by :meth:`update` or directly)."""
         self.length = end
         self.keys = self._key_buffer[..., :end, :]  # [B, H_kv, end, D], a view
         self.values = self._value_buffer[..., :end, :]
-        return self.keys, self.values
 
     def crop(self, tokens_to_remove: int) -> None:
         """Forget the last ``-tokens_to_remove`` positions (a negative count, as ``DynamicLayer.crop``)."""

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from specdec.models import row_attention
+from specdec.models.int8_fusion import fused_set
 
 #: The attention classes whose forward is the plain Llama form (q/k/v, rotary, cache, attention, o) this replaces,
 #: and the MLPs of the form down(act(gate(x)) * up(x)).
@@ -35,9 +36,8 @@ _lean_classes: dict[type, type] = {}
 
 def _qkv(module: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three projections [B, L, w]: one call of their fused layer where they are one, in order."""
-    fused = getattr(module.q_proj, "fused", None)
-    if (fused is not None and getattr(module.k_proj, "fused", None) is fused and getattr(module.v_proj, "fused", None)
-            is fused and [s.start for s in (module.q_proj, module.k_proj, module.v_proj)] == [b[0] for b in fused.bounds]):
+    fused = fused_set([module.q_proj, module.k_proj, module.v_proj])
+    if fused is not None:
         q, k, v = fused.layer.parts(hidden_states, fused.widths)
         return q, k, v
     return module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)
@@ -66,9 +66,8 @@ def lean_forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[t
 
 def lean_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     """down(act(gate(x)) * up(x)) with gate and up as one call of their fused layer (the same ops otherwise)."""
-    fused = getattr(self.gate_proj, "fused", None)
-    if fused is None or getattr(self.up_proj, "fused", None) is not fused or \
-            [self.gate_proj.start, self.up_proj.start] != [b[0] for b in fused.bounds]:
+    fused = fused_set([self.gate_proj, self.up_proj])
+    if fused is None:
         return super(type(self), self).forward(x)
     gate, up = fused.layer.parts(x, fused.widths)
     return self.down_proj(self.act_fn(gate) * up)
