@@ -3,13 +3,17 @@
     python scripts/int8_kernels.py                        # the 1.5B's layer shapes, 2 threads
     python scripts/int8_kernels.py --json docs/results/int8_kernels/amx.json
     ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python scripts/int8_kernels.py   # oneDNN as on a CPU without AMX
+    python scripts/int8_kernels.py --int4 --avx2-too      # also the int4 GEMM; both beside their AVX2 code
 
 Each kernel runs as Int8Linear runs it (specdec.models.int8_kernels): specdec's ``vnni`` extension (rows
 quantized inside it), fbgemm's ``linear_dynamic`` on rows with the pinned columns, oneDNN's
 ``qlinear_pointwise`` on rows quantized by specdec, each including the row scaling. The weights of ``--layers`` distinct layers of one shape are cycled, so each call streams its
 weight from memory as a decoding pass does (one layer's weight stays in cache and flatters every kernel).
 bf16 ``F.linear`` (oneDNN, AMX where present) on the same shapes is the float reference. The kernels
-alternate call by call; the median of ``--reps`` rounds is printed.
+alternate call by call; the median of ``--reps`` rounds is printed. ``--int4`` adds the extension's int4 GEMM
+(:class:`specdec.models.int4_vnni.Int4Linear`, a weight quantized into the Q4_K form); ``--avx2-too``, on a CPU with
+AVX-512 VNNI, also times the ``vnni`` and ``int4`` rows on the extension's AVX2 code (``.../avx2``: the same bits,
+the code an AVX2-only CPU runs; the process's choice is restored after each call).
 """
 
 from __future__ import annotations
@@ -34,9 +38,30 @@ SHAPES = {"qkv": (1536, 2048), "o": (1536, 1536), "gate_up": (1536, 17920), "dow
 
 
 def layers(kernel: str, shape: tuple[int, int], count: int) -> list[Int8Linear]:
-    int8_kernels._chosen = kernel  # (measurement only: a process normally keeps one kernel)
     g = torch.Generator().manual_seed(0)
-    return [Int8Linear.from_float(torch.randn(shape[1], shape[0], generator=g) * 0.02) for _ in range(count)]
+    weights = [torch.randn(shape[1], shape[0], generator=g) * 0.02 for _ in range(count)]
+    if kernel == "int4":
+        from specdec.models.int4_vnni import Int4Linear, Int4Weight
+
+        return [Int4Linear(Int4Weight.quantize(w)) for w in weights]
+    int8_kernels._chosen = kernel  # (measurement only: a process normally keeps one kernel)
+    return [Int8Linear.from_float(w) for w in weights]
+
+
+def on_avx2(f):
+    """``f`` run on the extension's AVX2 code (the process's choice restored after)."""
+    from specdec.models import int8_vnni
+
+    def run():
+        ext = int8_vnni.extension()
+        before = ext.uses_avx2()
+        ext.set_avx2(True)
+        try:
+            return f()
+        finally:
+            ext.set_avx2(before)
+
+    return run
 
 
 def main() -> int:
@@ -46,12 +71,29 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--kernels", default=None,
+                        help="comma list of the int8 kernels to time (default: every one available here)")
+    parser.add_argument("--int4", action="store_true", help="also the extension's int4 GEMM")
+    parser.add_argument("--avx2-too", action="store_true",
+                        help="also the vnni / int4 rows on the extension's AVX2 code (a CPU with AVX-512 VNNI)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     rows = [int(r) for r in args.rows.split(",")]
+    from specdec.models import int8_vnni
+
     kernels = int8_kernels.available()
-    result = {"cpu_kind": cpu_kind(), "threads": args.threads, "kernels": kernels,
+    if args.kernels:
+        unknown = sorted(set(args.kernels.split(",")) - set(kernels))
+        if unknown:
+            parser.error(f"--kernels: {', '.join(unknown)} not available here (available: {', '.join(kernels)})")
+        kernels = [k for k in kernels if k in args.kernels.split(",")]
+    if args.int4 and "vnni" in kernels:
+        kernels.insert(kernels.index("vnni") + 1, "int4")
+    avx2 = [k for k in kernels if k in ("vnni", "int4")] if args.avx2_too and int8_vnni.kernel_isa() == "avx512" else []
+    if args.avx2_too and not avx2:
+        print("--avx2-too: needs a CPU with AVX-512 VNNI (elsewhere the extension runs its AVX2 code already)")
+    result = {"cpu_kind": cpu_kind(), "threads": args.threads, "kernels": kernels + [f"{k}/avx2" for k in avx2],
               "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"), "us_per_call": {}}
     print(f"CPU kind {result['cpu_kind']}, {args.threads} threads, ONEDNN_MAX_CPU_ISA="
           f"{result['onednn_max_cpu_isa'] or '(unset)'}; us per call, weights from memory")
@@ -67,6 +109,8 @@ def main() -> int:
             x = torch.randn(m, shape[0], generator=g)
             for k in kernels:
                 calls[(k, m)] = (lambda ls, x: lambda: [layer(x) for layer in ls])(made[k], x)
+            for k in avx2:
+                calls[(f"{k}/avx2", m)] = on_avx2(calls[(k, m)])
             xb = x.bfloat16()
             calls[("bf16", m)] = (lambda xb: lambda: [torch.nn.functional.linear(xb, w) for w in weights_bf16])(xb)
         times = {key: [] for key in calls}
@@ -77,7 +121,7 @@ def main() -> int:
                 t = time.perf_counter()
                 f()
                 times[key].append((time.perf_counter() - t) / args.layers * 1e6)
-        for k in kernels + ["bf16"]:
+        for k in kernels + [f"{k}/avx2" for k in avx2] + ["bf16"]:
             med = [statistics.median(times[(k, m)]) for m in rows]
             result["us_per_call"].setdefault(name, {})[k] = dict(zip(map(str, rows), med))
             totals.setdefault(k, [0.0] * len(rows))
