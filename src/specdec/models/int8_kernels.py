@@ -7,8 +7,10 @@ for bit, which is what makes the int8 target block-invariant (k one-token steps 
 
 - ``onednn``: oneDNN's prepacked int8 GEMM (``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``,
   the kernel that Inductor's x86 int8 lowering calls). specdec quantizes each row itself, symmetric 8 bits:
-  ``round(127 x / max|x|)``. oneDNN runs it on AMX tiles where the CPU has them, AVX-512 VNNI or AVX2
-  elsewhere. No quantized tensors: it does not depend on torch's deprecated ``torch.ao`` quantized API.
+  ``round(127 x / max|x|)``. oneDNN runs it on AMX tiles where the CPU has them; without AMX it may fall back to
+  its reference matmul (``ref_matmul_int8``: on the AVX-512 EPYC, Zen 4, torch 2.13, 100-1,000x slower than
+  ``vnni``, docs/int8_kernels.md), so no CPU kind defaults to it. No quantized tensors: it does not depend on
+  torch's deprecated ``torch.ao`` quantized API.
 - ``vnni``: specdec's own GEMM for AVX-512 VNNI CPUs (:mod:`specdec.models.int8_vnni`, compiled on first use):
   the oneDNN path's bits, with up to 8 rows computed per weight read, so a verification pass streams the
   weights once, as a one-token step does.
