@@ -72,7 +72,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
     parser.add_argument("--kernels", default=None,
-                        help="comma list of the int8 kernels to time (default: every one available here)")
+                        help="comma list of the int8 kernels to time (default: every one available here, but "
+                             "onednn only where the CPU has AMX: without it oneDNN may run its reference matmul)")
     parser.add_argument("--int4", action="store_true", help="also the extension's int4 GEMM")
     parser.add_argument("--avx2-too", action="store_true",
                         help="also the vnni / int4 rows on the extension's AVX2 code (a CPU with AVX-512 VNNI)")
@@ -88,6 +89,10 @@ def main() -> int:
         if unknown:
             parser.error(f"--kernels: {', '.join(unknown)} not available here (available: {', '.join(kernels)})")
         kernels = [k for k in kernels if k in args.kernels.split(",")]
+    elif "onednn" in kernels and not cpu_kind().startswith("AMX"):
+        kernels.remove("onednn")
+        print("(onednn left out: no AMX here, where oneDNN's int8 matmul may be its reference code, 100-1,000x "
+              "slower; --kernels onednn,... times it)")
     if args.int4 and "vnni" in kernels:
         kernels.insert(kernels.index("vnni") + 1, "int4")
     avx2 = [k for k in kernels if k in ("vnni", "int4")] if args.avx2_too and int8_vnni.kernel_isa() == "avx512" else []
