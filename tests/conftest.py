@@ -1,4 +1,5 @@
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +25,24 @@ THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 def _deterministic_threads():
     torch.set_num_threads(THREADS)
     yield
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """A tiny Llama target and a perturbed copy of it as its draft (the bench and results tests' pair)."""
+    from tiny import load_tiny, perturbed
+
+    target = load_tiny("llama", sharp=4.0)
+    return target, perturbed(target, 0.3)
+
+
+@pytest.fixture()
+def task_file(tmp_path):
+    """A task of three (prompt, reference) rows as JSONL, in the tiny models' words."""
+    path = tmp_path / "task.jsonl"
+    rows = [("w1 w2 w3 w4", "w5 w6 w7"), ("w5 w6 w7 w8 w5 w6", "w7 w8"), ("w11 w12", "w13 w14")]
+    path.write_text("".join(json.dumps({"prompt": p, "reference": r}) + "\n" for p, r in rows))
+    return path
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,7 +16,6 @@ from specdec.bench.methods import METHODS
 from specdec.publish.tables import machine_lines, table
 from specdec.sweeps.machine import code_version, cpu_kind, machines_of
 from specdec.errors import SpecDecError
-from tiny import load_tiny, perturbed
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -66,12 +65,6 @@ def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    target = load_tiny("llama", sharp=4.0)
-    return target, perturbed(target, 0.3)
 
 
 @pytest.fixture()

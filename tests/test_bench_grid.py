@@ -16,27 +16,13 @@ from specdec.publish.tables import write_outputs
 from specdec.sweeps.pool import ModelPool
 from specdec.drafters.spec import parse_spec
 from specdec.errors import SpecDecError
-from tiny import load_tiny, perturbed, tiny_model, tiny_tokenizer
+from tiny import tiny_model, tiny_tokenizer
 
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     return parser.parse_args(list(argv))
-
-
-@pytest.fixture(scope="module")
-def models():
-    target = load_tiny("llama", sharp=4.0)
-    return target, perturbed(target, 0.3)
-
-
-@pytest.fixture()
-def task_file(tmp_path):
-    path = tmp_path / "task.jsonl"
-    rows = [("w1 w2 w3 w4", "w5 w6 w7"), ("w5 w6 w7 w8 w5 w6", "w7 w8"), ("w11 w12", "w13 w14")]
-    path.write_text("".join(json.dumps({"prompt": p, "reference": r}) + "\n" for p, r in rows))
-    return path
 
 
 def test_draft_specs():
@@ -90,8 +76,8 @@ def test_theory_factors_multiply_to_the_ratio():
     assert theory.compare(alpha=None, gamma=4, c=0.1, plain=plain, spec=spec)["predicted"] is None
 
 
-def test_grid_on_tiny_models(models, task_file, tmp_path):
-    target, draft = models
+def test_grid_on_tiny_models(tiny_pair, task_file, tmp_path):
+    target, draft = tiny_pair
     pool = ModelPool("fp32", {"tiny-draft": draft})
     args = parse("--task", f"jsonl:{task_file}", "--n-prompts", "2", "--max-new-tokens", "6", "--dtype", "fp32",
                  "--drafts", "tiny-draft", "prompt-lookup", "tiny-draft<-bigram", "--gammas", "2,3",
@@ -152,8 +138,8 @@ def test_cli_bench_out(tmp_path, task_file, capsys):
     assert [r["gamma"] for r in spec] == [2, 3] and all(r["alpha"] == pytest.approx(1.0) for r in spec)
 
 
-def test_bad_grid_options(models):
-    target, _ = models
+def test_bad_grid_options(tiny_pair):
+    target, _ = tiny_pair
     for argv, match in ((["--gammas", "0,2"], "gammas"), (["--temperatures", "x"], "numbers"),
                         (["--gamma-schedules", "fast"], "schedule"), (["--leniences", "1.5"], "lenience"),
                         (["--drafts", "prompt-lookup<-bigram"], "last"),
@@ -173,10 +159,10 @@ def test_theorem_8_c_of_a_draft_with_another_tokenizer():
     assert retokenized_c(0.1, 1.4, 0.02) == pytest.approx(0.16)
 
 
-def test_batch_axis_runs_each_batch_size_and_predicts_theorem8_per_batch(models, task_file):
+def test_batch_axis_runs_each_batch_size_and_predicts_theorem8_per_batch(tiny_pair, task_file):
     """--batch-sizes: every prompt through the batch engine at each B, plain and speculative; fp32 greedy rows
     equal plain's at the same B; Theorem 8 per B from the engine's own timers."""
-    target, draft = models
+    target, draft = tiny_pair
     pool = ModelPool("fp32", {"tiny-draft": draft})
     args = parse("--prompts-file", str(task_file), "--n-prompts", "3", "--max-new-tokens", "8", "--drafts", "tiny-draft",
                  "m<-bigram", "--gammas", "2,3", "--methods", "specdec-plain,specdec-spec", "--batch-sizes", "1,2",

@@ -20,14 +20,6 @@ def parse(*argv):
     return parser.parse_args(list(argv))
 
 
-@pytest.fixture()
-def task_file(tmp_path):
-    path = tmp_path / "task.jsonl"
-    rows = [("w1 w2 w3 w4", "w5 w6 w7"), ("w5 w6 w7 w8 w5 w6", "w7 w8"), ("w11 w12", "w13 w14")]
-    path.write_text("".join(json.dumps({"prompt": p, "reference": r}) + "\n" for p, r in rows))
-    return path
-
-
 def test_plan_quick_and_full():
     quick = results.plan(parse("--quick"))
     full = results.plan(parse())
