@@ -29,7 +29,7 @@ import warnings
 import specdec  # noqa: F401  (OpenMP's wait policy before torch loads it)
 import torch
 
-from specdec.models import int8_kernels
+from specdec.models import int8_kernels, int8_vnni
 from specdec.models.quantize import Int8Linear
 from specdec.sweeps.machine import cpu_kind
 
@@ -50,16 +50,10 @@ def layers(kernel: str, shape: tuple[int, int], count: int) -> list[Int8Linear]:
 
 def on_avx2(f):
     """``f`` run on the extension's AVX2 code (the process's choice restored after)."""
-    from specdec.models import int8_vnni
 
     def run():
-        ext = int8_vnni.extension()
-        before = ext.uses_avx2()
-        ext.set_avx2(True)
-        try:
+        with int8_vnni.avx2_code():
             return f()
-        finally:
-            ext.set_avx2(before)
 
     return run
 
@@ -81,8 +75,6 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     rows = [int(r) for r in args.rows.split(",")]
-    from specdec.models import int8_vnni
-
     kernels = int8_kernels.available()
     if args.kernels:
         unknown = sorted(set(args.kernels.split(",")) - set(kernels))

@@ -17,22 +17,18 @@ pytestmark = pytest.mark.skipif(int8_vnni.kernel_isa() != "avx512",
 
 @pytest.fixture
 def both():
-    """Run ``fn`` on the AVX-512 code, then on the AVX2 code; the process's choice is restored after."""
-    ext = int8_vnni.extension()
-    before = ext.uses_avx2()
+    """Run ``fn`` on the AVX-512 code, then on the AVX2 code; the process's choice is restored after each."""
 
     def run(fn):
         out = []
         for avx2 in (False, True):
-            ext.set_avx2(avx2)
-            calls = ext.avx2_calls()
-            out.append(fn())
-            assert (ext.avx2_calls() > calls) == avx2  # the AVX2 code ran, and only when asked
-        ext.set_avx2(before)
+            with int8_vnni.avx2_code(avx2) as ext:
+                calls = ext.avx2_calls()
+                out.append(fn())
+                assert (ext.avx2_calls() > calls) == avx2  # the AVX2 code ran, and only when asked
         return out
 
-    yield run
-    ext.set_avx2(before)
+    return run
 
 
 @pytest.mark.parametrize("n,k", [(96, 256), (100, 300), (64, 1536), (40, 8)])

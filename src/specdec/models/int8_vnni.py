@@ -24,11 +24,12 @@ back to fbgemm, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -108,6 +109,19 @@ def extension():
                 raise SpecDecError(_failure) from None
             _extension.set_avx2(isa == "avx2")  # once per process: plain and speculative passes run the same code
     return _extension
+
+
+@contextlib.contextmanager
+def avx2_code(on: bool = True) -> Iterator:
+    """Inside the block the extension runs its AVX2 code (``on``) or its AVX-512 code, the process's choice restored
+    after; yields the extension. For tests and measurements only: a process otherwise keeps one code for every pass."""
+    ext = extension()
+    before = ext.uses_avx2()
+    ext.set_avx2(on)
+    try:
+        yield ext
+    finally:
+        ext.set_avx2(before)
 
 
 def amx_from() -> int:
