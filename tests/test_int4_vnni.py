@@ -59,6 +59,27 @@ def random_q4k(rows: int, cols: int, seed: int = 0) -> np.ndarray:
 
 
 @needs_vnni
+@pytest.mark.parametrize("rows", [
+    list(range(128)) + [190, 37],  # a cut head: whole groups, then the end-of-sequence ids
+    list(range(32, 96)) + list(range(160, 192)),  # whole groups that do not start at 0
+    list(range(5, 80)),  # not aligned: every new group laid out again
+    [199, 3, 64, 65, 66, 100],  # any order
+    list(range(192, 200)),  # the last group, padded
+])
+def test_selected_rows_are_those_of_a_whole_relayout(rows):
+    torch.manual_seed(len(rows))
+    weight = Int4Weight.quantize(torch.randn(200, 300))  # 7 groups, the last with 8 real rows
+    keep = torch.tensor(rows)
+    q, d, dmin, sc, m = weight.parts()
+    relaid = int8_vnni.extension().layout4(q[keep], d[keep], dmin[keep], sc[keep], m[keep])  # every row unpacked
+    picked = weight.select(keep)
+    assert picked.out_features == len(rows) and picked.in_features == 300
+    for mine, theirs in zip((picked.packed, picked.dmins, picked.scs), relaid):
+        assert torch.equal(mine, theirs)
+    assert torch.equal(picked.dequantized(), weight.dequantized()[keep])
+
+
+@needs_vnni
 def test_q4k_blocks_come_in_exactly():
     from gguf import GGMLQuantizationType, dequantize
 

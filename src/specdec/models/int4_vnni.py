@@ -79,10 +79,41 @@ class Int4Weight:
         return weight[:, : self.in_features]
 
     def select(self, rows: torch.Tensor) -> "Int4Weight":
-        """The weight of output rows ``rows`` ([R] long), the same values (a draft head over part of the vocabulary)."""
-        q, d, dmin, sc, m = self.parts()
-        picked = (q[rows], d[rows], dmin[rows], sc[rows], m[rows])
-        return Int4Weight(*int8_vnni.extension().layout4(*picked), int(rows.numel()), self.in_features)
+        """The weight of output rows ``rows`` ([R] long), the same values (a draft head over part of the vocabulary).
+
+        Every 32 rows of the result that are one whole packed group here, in order, are that group's bytes as they
+        are (the first 65,536 ids of a head: 2,048 groups); only the others are unpacked and laid out again (the
+        end-of-sequence ids after them), so a cut head takes milliseconds, not a relayout of the whole head."""
+        rows = rows.cpu()
+        total, pieces, start = int(rows.numel()), [], 0
+        while start < total:
+            run = self._whole_groups(rows, start)  # whole groups from new group start // 32 on
+            if run:
+                g = int(rows[start]) // 32
+                pieces.append(tuple(t[g: g + run] for t in (self.packed, self.dmins, self.scs)))
+                start += 32 * run
+                continue
+            chunk = rows[start: start + 32]  # rows of one new group, not one whole group here: laid out again
+            groups = torch.unique(chunk // 32)  # [G] the groups they come from
+            part = Int4Weight(self.packed[groups], self.dmins[groups], self.scs[groups], groups.numel() * 32,
+                              self.in_features).parts()
+            local = torch.searchsorted(groups, chunk // 32) * 32 + chunk % 32  # the rows within those groups
+            pieces.append(tuple(int8_vnni.extension().layout4(*(t[local] for t in part))))
+            start += 32
+        packed, dmins, scs = (torch.cat(ts) if len(ts) > 1 else ts[0].clone() for ts in zip(*pieces))
+        return Int4Weight(packed, dmins, scs, total, self.in_features)
+
+    def _whole_groups(self, rows: torch.Tensor, start: int) -> int:
+        """How many whole groups of this weight ``rows[start:]`` begins with, in order (0 if it does not)."""
+        first = int(rows[start])
+        if first % 32:
+            return 0
+        limit = min((int(rows.numel()) - start) // 32, self.out_features // 32 - first // 32)  # (a full last group)
+        if limit <= 0:
+            return 0
+        span = rows[start: start + 32 * limit] - first  # [32 * limit] 0, 1, 2, ... while whole groups follow
+        same = torch.nonzero(span != torch.arange(32 * limit))
+        return (int(same[0]) if same.numel() else 32 * limit) // 32
 
     def qweight(self) -> torch.Tensor:
         raise SpecDecError("an int4 layer has no qint8 weight; dequantized() gives its float32 values")
