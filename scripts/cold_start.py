@@ -28,6 +28,7 @@ LLAMA_ONE_SHOT = """
 import json, sys, time
 import llama_cpp
 from llama_cpp import llama_cpp as low_level
+# (not specdec.models.llama_cpp.load_llama_cpp: importing specdec imports torch, which a llama.cpp user does not pay)
 if sys.argv[5] == "0":  # llama.cpp without its extra buffer types, as specdec's loader runs it on an AMX CPU
     defaults = low_level.llama_model_default_params
     def without_extra_buffers():
@@ -46,9 +47,9 @@ print("RESULT " + json.dumps({"load_s": t2 - t1, "generation_s": t3 - t2, "token
 SPECDEC_LINE = re.compile(r"new tokens (\d+) in ([0-9.]+) s")
 
 
-def run(cmd: list[str], env: dict) -> tuple[float, str]:
+def run(cmd: list[str]) -> tuple[float, str]:
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if done.returncode:
         sys.exit(f"{cmd[:3]} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -64,7 +65,6 @@ def main() -> None:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b", help="the preset llama.cpp loads the GGUF of")
     parser.add_argument("--json", help="also write the JSON document here")
     args = parser.parse_args()
-    env = dict(os.environ)
     import specdec  # noqa: F401  (the parent only: it resolves the GGUF and the CPU's llama.cpp settings)
     from specdec.models.llama_cpp import extra_buffers_default
     from specdec.models.presets import preset_gguf
@@ -77,12 +77,12 @@ def main() -> None:
                  str(args.threads), args.prompt, "1" if extra else "0"]
     rows = {"specdec generate": [], "llama.cpp one-shot": []}
     for _ in range(args.rounds):
-        wall, out = run(specdec_cmd, env)
+        wall, out = run(specdec_cmd)
         found = SPECDEC_LINE.search(out)
         if not found:
             sys.exit(f"no summary line in specdec's output:\n{out[-2000:]}")
         rows["specdec generate"].append({"wall_s": wall, "generation_s": float(found[2]), "tokens": int(found[1])})
-        wall, out = run(llama_cmd, env)
+        wall, out = run(llama_cmd)
         result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
         rows["llama.cpp one-shot"].append({"wall_s": wall, **result})
     print(f"{'method':<20} {'wall s':>8} {'generation s':>13} {'tokens':>7} {'ms/token':>9} {'start-up s':>11}")
