@@ -439,3 +439,81 @@ def test_presets_with_the_same_vocabulary_files_share_one_tokenizer(tmp_path):
 
     assert same_vocabulary(Model(first), Model(second))
     assert third.backend_tokenizer is not first.backend_tokenizer and len(third) == len(first) + 1
+
+
+def _qwen_tokenizer_folder(folder, template):
+    """A folder with a small Qwen2Tokenizer (transformers 5 builds its backend in Python, NFC normalizer
+    included) and a chat template."""
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    letters = "abcdeé\u0301 "
+    vocab = {c: i for i, c in enumerate(letters)} | {"ab": len(letters), "<|endoftext|>": len(letters) + 1}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[("a", "b")])
+    tok.chat_template = template
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_a_tokenizer_built_in_python_is_stored_once_as_its_backend(tmp_path, monkeypatch):
+    """The first load of a preset tokenizer whose class only builds its backend in Python (Qwen2Tokenizer)
+    stores that backend; a later process reads it as a TokenizersBackend with the same backend (the NFC
+    normalizer the class adds included), ids, special tokens and chat template. A changed chat template makes
+    the stored form stale; a class with a method of its own is never stored; a read-only folder loads as before."""
+    from transformers import AutoTokenizer
+
+    from specdec.models import vocabulary
+    from specdec.models.vocabulary import BACKEND_FOLDER, preset_tokenizer
+
+    loads = []
+
+    def load(folder):
+        loads.append(folder.name.split("-")[0].lstrip("."))  # (the stored form is checked in a staging folder)
+        return AutoTokenizer.from_pretrained(folder)
+
+    folder = _qwen_tokenizer_folder(tmp_path / "q", "Q{{ messages[0]['content'] }}")
+    first = preset_tokenizer(folder, load)
+    assert type(first).__name__ == "Qwen2Tokenizer" and (folder / BACKEND_FOLDER / "tokenizer.json").is_file()
+    assert loads == ["q", BACKEND_FOLDER]  # (the stored form is loaded once to check it)
+    vocabulary._preset_tokenizers.clear()  # as a new process
+    again = preset_tokenizer(folder, load)
+    assert type(again).__name__ == "TokenizersBackend" and loads[-1] == BACKEND_FOLDER
+    decomposed = "e\u0301ab cab\u00e9"  # NFC turns e + combining acute into é
+    for text in (decomposed, "abab e", "<|endoftext|>ab"):
+        assert again(text).input_ids == first(text).input_ids and again.decode(again(text).input_ids) == first.decode(
+            first(text).input_ids)
+    assert again(decomposed).input_ids == again("\u00e9ab cab\u00e9").input_ids  # (the normalizer at work)
+    assert json_of(again) == json_of(first) and json_of(again)["normalizer"] == {"type": "NFC"}
+    chat = [{"role": "user", "content": "ab"}]
+    assert again.apply_chat_template(chat, tokenize=False) == "Qab"
+    assert (again.all_special_ids, again.eos_token, len(again)) == (first.all_special_ids, first.eos_token, len(first))
+
+    (folder / "chat_template.jinja").write_text("R{{ messages[0]['content'] }}")  # stale now: loaded as before
+    vocabulary._preset_tokenizers.clear()
+    del first, again
+    loads.clear()
+    third = preset_tokenizer(folder, load)
+    assert loads == ["q", BACKEND_FOLDER] and third.apply_chat_template(chat, tokenize=False) == "Rab"
+
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    class Custom(Qwen2Tokenizer):
+        def decode(self, *args, **kwargs):
+            return "x"
+
+    assert not vocabulary._rebuilt_in_python(Custom.from_pretrained(folder))
+    assert vocabulary._rebuilt_in_python(third)
+
+    def read_only(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    locked = _qwen_tokenizer_folder(tmp_path / "locked", "L")
+    monkeypatch.setattr("tempfile.mkdtemp", read_only)  # (the suite may run as root, whom chmod does not stop)
+    vocabulary._preset_tokenizers.clear()
+    assert type(preset_tokenizer(locked, load)).__name__ == "Qwen2Tokenizer"
+    assert not (locked / BACKEND_FOLDER).exists()
+
+
+def json_of(tokenizer):
+    import json
+
+    return json.loads(tokenizer.backend_tokenizer.to_str())

@@ -1,9 +1,11 @@
-"""Tokenizers: one per set of vocabulary files among the presets (loaded once, shared), and whether two
-models tokenize exactly alike."""
+"""Tokenizers: one per set of vocabulary files among the presets (loaded once, shared; where transformers
+builds one in Python, its backend stored on first load and read back directly after), and whether two models
+tokenize exactly alike."""
 
 from __future__ import annotations
 
 import hashlib
+import types
 import weakref
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,15 @@ _VOCABULARY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_
                      "vocab.json", "merges.txt", "tokenizer.model")
 _CHAT_TEMPLATE_FILE = "chat_template.jinja"
 _preset_tokenizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+# transformers 5 builds some tokenizers in Python: Qwen2Tokenizer's __init__ parses tokenizer.json with `json`
+# for its vocabulary and merges and builds the backend from them (1.0-1.2 s of a Qwen preset's load on the
+# AVX-512 EPYC, a sixth of a one-shot `specdec generate`). Such a class adds nothing to its base but that
+# __init__, so the first load writes the backend it built into BACKEND_FOLDER, marked as a plain
+# TokenizersBackend, which later loads read with one call into `tokenizers` (0.4-0.7 s): the same backend (its
+# normalizer included), special tokens and chat template, checked when written.
+BACKEND_FOLDER = "specdec_tokenizer"
+_SOURCE_FILE = "specdec_source.json"
 
 
 def _files_digest(folder: Path, files: tuple[str, ...]) -> str:
@@ -41,7 +52,11 @@ def preset_tokenizer(folder: Path, load_tokenizer: Any) -> Any:
     template = _files_digest(folder, (_CHAT_TEMPLATE_FILE,))
     shared = _preset_tokenizers.get(key)
     if shared is None:
-        tokenizer = load_tokenizer(folder)
+        source = {"vocabulary": key, "template": template, "transformers": _transformers_version()}
+        tokenizer = _stored_backend(folder, source, load_tokenizer)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(folder)
+            _store_backend(folder, tokenizer, source, load_tokenizer)
         tokenizer._specdec_template_digest = template
         _preset_tokenizers[key] = tokenizer
         return tokenizer
@@ -52,6 +67,85 @@ def preset_tokenizer(folder: Path, load_tokenizer: Any) -> Any:
     tokenizer.chat_template = path.read_text(encoding="utf-8") if path.is_file() else None
     tokenizer._specdec_template_digest = template
     return tokenizer
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _rebuilt_in_python(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s class is a TokenizersBackend that only adds an ``__init__`` (one that builds the
+    backend in Python): a TokenizersBackend reading the backend it built behaves the same."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - another transformers layout
+        return False
+    kind = type(tokenizer)
+    own = [name for name, value in vars(kind).items()
+           if isinstance(value, (types.FunctionType, property, classmethod, staticmethod))]  # (not `model = BPE`)
+    return kind is not TokenizersBackend and kind.__bases__ == (TokenizersBackend,) and own == ["__init__"]
+
+
+def _stored_backend(folder: Path, source: dict, load_tokenizer: Any) -> Any:
+    """The tokenizer from ``folder``'s stored backend (:data:`BACKEND_FOLDER`), or None where there is none for
+    these vocabulary files, this chat template and this transformers version."""
+    import json
+
+    stored = folder / BACKEND_FOLDER
+    try:
+        if json.loads((stored / _SOURCE_FILE).read_text(encoding="utf-8")) != source:
+            return None
+        return load_tokenizer(stored)
+    except (OSError, ValueError):  # (none, or another process replacing it just now: load as before)
+        return None
+
+
+def _same_tokenizer(a: Any, b: Any) -> bool:
+    """Whether two tokenizers have the same backend, vocabulary, special tokens and chat template."""
+    import json
+
+    fields = ("all_special_tokens", "all_special_ids", "chat_template", "model_max_length", "padding_side",
+              "truncation_side", "clean_up_tokenization_spaces", "add_bos_token", "add_eos_token")
+    return (json.loads(a.backend_tokenizer.to_str()) == json.loads(b.backend_tokenizer.to_str()) and len(a) == len(b)
+            and a.added_tokens_decoder == b.added_tokens_decoder
+            and all(getattr(a, f, None) == getattr(b, f, None) for f in fields))
+
+
+def _store_backend(folder: Path, tokenizer: Any, source: dict, load_tokenizer: Any) -> None:
+    """Write ``tokenizer``'s backend into ``folder`` / :data:`BACKEND_FOLDER` where its class builds it in Python,
+    if the stored form loads as the same tokenizer (else nothing is kept); a folder that cannot be written to
+    (a read-only cache) is left as it is."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    if not _rebuilt_in_python(tokenizer):
+        return
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{BACKEND_FOLDER}-", dir=folder))
+        staging.chmod(0o755)  # (as the folder's other files: mkdtemp makes it private)
+    except OSError:
+        return
+    try:
+        (staging / "tokenizer.json").write_text(tokenizer.backend_tokenizer.to_str(), encoding="utf-8")
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config["tokenizer_class"] = "TokenizersBackend"
+        (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        for name in (_CHAT_TEMPLATE_FILE, "special_tokens_map.json"):
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, staging / name)
+        if not _same_tokenizer(load_tokenizer(staging), tokenizer):
+            return
+        (staging / _SOURCE_FILE).write_text(json.dumps(source), encoding="utf-8")
+        shutil.rmtree(folder / BACKEND_FOLDER, ignore_errors=True)
+        os.replace(staging, folder / BACKEND_FOLDER)
+    except (OSError, ValueError):
+        pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def same_vocabulary(target: LanguageModel, draft: LanguageModel) -> bool:
