@@ -124,12 +124,19 @@ def test_int4_without_avx512_vnni_is_refused_with_the_fix(monkeypatch):
 
 
 @needs_vnni
-def test_a_stored_int4_model_loads_as_it_was_saved(tmp_path):
+def test_a_stored_int4_model_loads_as_it_was_saved(tmp_path, monkeypatch):
     """The preset's int4 file (what the conversion writes: the layers' values and scales as the kernel reads them,
-    the tied table once) loads into a model with the same layers, so the same logits, and no packing."""
+    sibling sets already stacked as they run, the tied table once) loads into a model with the same layers, so the
+    same logits, and no packing or stacking; a file with every layer apart (written before sets were stored) loads
+    to the same model."""
     import copy
+    import json
 
+    from safetensors import safe_open
+
+    from specdec.models import int4_vnni
     from specdec.models.int4_vnni import int4_weights
+    from specdec.models.int8_fusion import Int8Slice
     from specdec.models.quantize import load_quantized, quantize_hf, save_quantized
     from tiny import tiny_model
 
@@ -146,8 +153,30 @@ def test_a_stored_int4_model_loads_as_it_was_saved(tmp_path):
     with torch.inference_mode():
         assert torch.equal(loaded(ids).logits, reference(ids).logits)
     assert isinstance(loaded.lm_head, Int4Linear)
+    attn = loaded.model.layers[0].self_attn
+    assert isinstance(attn.k_proj, Int8Slice) and attn.k_proj.fused is attn.q_proj.fused is attn.v_proj.fused
+    with safe_open(str(path), framework="pt") as f:
+        stored = json.loads(f.metadata()["specdec_quantized_linears"])
+        keys = set(f.keys())
+    q = "model.layers.0.self_attn.q_proj"
+    assert stored[q]["members"] == [q, q.replace("q_", "k_"), q.replace("q_", "v_")] and stored[q]["outs"] == [64, 32, 32]
+    assert f"{q}.int4_packed" in keys and not any(k.startswith(q.replace("q_", "k_")) for k in keys)
     with pytest.raises(specdec.SpecDecError, match="holds 'int4' weights, expected 'int8'"):
         load_quantized(tmp_path, path, "int8")
+
+    apart = tmp_path / "apart.int4.safetensors"
+    with monkeypatch.context() as m:  # the format of before: one entry per layer
+        m.setattr(int4_vnni, "int4_sets", lambda w: [([n], [wb[0].out_features], *wb) for n, wb in w.items()])
+        hf = tiny_model(eos=None).float().eval()
+        hf.config.tie_word_embeddings = True
+        hf.tie_weights()
+        save_quantized(hf, apart, "int4", weights=int4_weights(hf, free_floats=True))
+    with safe_open(str(apart), framework="pt") as f:
+        assert f"{q.replace('q_', 'k_')}.int4_packed" in set(f.keys())
+    old = load_quantized(tmp_path, apart, "int4")
+    with torch.inference_mode():
+        assert torch.equal(old(ids).logits, reference(ids).logits)
+    assert old.model.layers[0].self_attn.k_proj.fused is old.model.layers[0].self_attn.q_proj.fused
 
 
 @needs_vnni

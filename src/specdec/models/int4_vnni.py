@@ -173,24 +173,44 @@ class Int4Linear(Int8Linear):
                 f"bias={self.bias is not None}")
 
 
-def int4_layers(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> dict[str, Int8Linear]:
-    """``{layer name: (Int4Weight, bias)}`` -> ``{layer name: layer}``, sibling sets (:data:`FUSED_SIBLINGS`) fused
-    into one weight where each member's rows fill whole packed groups of 32 (their packed rows then stack)."""
-    out: dict[str, Int8Linear] = {}
+def int4_sets(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> list[tuple[list[str], list[int], Int4Weight,
+                                                                                        torch.Tensor | None]]:
+    """``{layer name: (Int4Weight, bias)}`` -> the layers as they run, ``[(names, rows of each, weight, bias)]``: a
+    sibling set (:data:`FUSED_SIBLINGS`) whose members' rows fill whole packed groups of 32 as one weight (their
+    packed rows stacked, their biases joined), every other layer alone. A conversion stores them so
+    (:func:`~specdec.models.int8_storage.save_quantized`): a load then stacks nothing."""
+    sets: list[tuple[list[str], list[int], Int4Weight, torch.Tensor | None]] = []
+    done: set[str] = set()
     for name, (weight, bias) in weights.items():
-        if name in out:
+        if name in done:
             continue
         names = sibling_set(name) or [name]
         members = [weights.get(n) for n in names]
         if len(names) == 1 or any(m is None or m[0].in_features != weight.in_features
                                   or m[0].out_features % 32 for m in members):
-            out[name] = Int4Linear(weight, bias)
+            sets.append(([name], [weight.out_features], weight, bias))
+            done.add(name)
             continue
         outs = [m[0].out_features for m in members]
-        fused_weight = Int4Weight(*(torch.cat([getattr(m[0], key) for m in members]) for key in ("packed", "dmins", "scs")),
-                                  sum(outs), weight.in_features)
-        out.update(fused_members(Int4Linear(fused_weight, joined_bias([m[1] for m in members], outs)), names, outs))
+        fused = Int4Weight(*(torch.cat([getattr(m[0], key) for m in members]) for key in ("packed", "dmins", "scs")),
+                           sum(outs), weight.in_features)
+        sets.append((names, outs, fused, joined_bias([m[1] for m in members], outs)))
+        done.update(names)
+    return sets
+
+
+def set_layers(sets: list[tuple[list[str], list[int], Int4Weight, torch.Tensor | None]]) -> dict[str, Int8Linear]:
+    """:func:`int4_sets`' sets -> ``{layer name: layer}`` (a fused set's members served from one layer)."""
+    out: dict[str, Int8Linear] = {}
+    for names, outs, weight, bias in sets:
+        layer = Int4Linear(weight, bias)
+        out.update({names[0]: layer} if len(names) == 1 else fused_members(layer, names, outs))
     return out
+
+
+def int4_layers(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> dict[str, Int8Linear]:
+    """``{layer name: (Int4Weight, bias)}`` -> ``{layer name: layer}``, sibling sets fused (:func:`int4_sets`)."""
+    return set_layers(int4_sets(weights))
 
 
 def int4_weights(hf, free_floats: bool = False, gguf_path=None, mixed: bool = False) -> dict:

@@ -64,13 +64,20 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
                    if isinstance(mod, (DynamicLinear, Int8Linear))}
     tensors: dict[str, torch.Tensor] = {}
     modules: dict[str, dict] = {}
-    for name, (weight, bias) in weights.items():
-        if not isinstance(weight, torch.Tensor):  # an Int4Weight: its values and scales as the kernel reads them
-            modules[name] = {"in": weight.in_features, "out": weight.out_features, "bias": bias is not None}
+    int4 = {name: wb for name, wb in weights.items() if not isinstance(wb[0], torch.Tensor)}  # Int4Weights
+    if int4:  # as the kernel reads them, sibling sets stacked as they run (the first member's name, "members")
+        from specdec.models.int4_vnni import int4_sets
+
+        for names, outs, weight, bias in int4_sets(int4):
+            modules[names[0]] = {"in": weight.in_features, "out": weight.out_features, "bias": bias is not None}
+            if len(names) > 1:
+                modules[names[0]].update(members=names, outs=outs)
             for key in ("packed", "dmins", "scs"):
-                tensors[f"{name}.int4_{key}"] = getattr(weight, key)
+                tensors[f"{names[0]}.int4_{key}"] = getattr(weight, key).contiguous()
             if bias is not None:
-                tensors[f"{name}.bias"] = bias.detach().contiguous()
+                tensors[f"{names[0]}.bias"] = bias.detach().contiguous()
+    for name, (weight, bias) in weights.items():
+        if name in int4:
             continue
         info = {"in": int(weight.shape[1]), "out": int(weight.shape[0]), "bias": bias is not None}
         tensors[f"{name}.weight_int8"] = weight.int_repr().contiguous()
@@ -84,7 +91,7 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
         if bias is not None:
             tensors[f"{name}.bias"] = bias.detach().contiguous()
         modules[name] = info
-    prefixes = tuple(f"{n}." for n in modules)
+    prefixes = tuple(f"{n}." for n in weights)
     seen: set[int] = set()
     for key, value in hf.state_dict().items():
         if key.startswith(prefixes) or not isinstance(value, torch.Tensor):
@@ -129,14 +136,19 @@ def load_quantized(folder, path, method: str):
             raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
         modules = json.loads(meta[_META_KEY])
         int4: dict = {}  # the int4 layers (an int4 variant may keep some in int8: int4-mixed)
+        int4_sets: list = []  # (those stored as they run: sibling sets stacked)
         keys = set(f.keys())
         for name, info in modules.items():
             if f"{name}.int4_packed" in keys:
                 from specdec.models.int4_vnni import Int4Weight
 
                 stored = (f.get_tensor(f"{name}.int4_{key}") for key in ("packed", "dmins", "scs"))
-                int4[name] = (Int4Weight(*stored, info["out"], info["in"]),
-                              f.get_tensor(f"{name}.bias") if info["bias"] else None)
+                weight = Int4Weight(*stored, info["out"], info["in"])
+                bias = f.get_tensor(f"{name}.bias") if info["bias"] else None
+                if "members" in info:
+                    int4_sets.append((info["members"], info["outs"], weight, bias))
+                else:
+                    int4[name] = (weight, bias)  # (a file from before sets were stored: stacked below)
                 continue
             if "axis" in info and info["axis"] != 0:
                 raise SpecDecError(f"{path}: {name} is quantized along axis {info['axis']}; expected 0 (output rows)")
@@ -147,12 +159,12 @@ def load_quantized(folder, path, method: str):
         # packed on background threads, the largest first: the 0.5B's lm_head packs for as long as all its
         # layers together, so it packs on one thread while the layers pack on the other
         linears = int8_layers(weights, pool) if weights else {}
-        if int4:  # stored as the kernel reads them: nothing to pack
-            from specdec.models.int4_vnni import int4_layers
+        if int4 or int4_sets:  # stored as the kernel reads them: nothing to pack
+            from specdec.models.int4_vnni import int4_sets as sets_of, set_layers
 
-            linears.update(int4_layers(int4))
+            linears.update(set_layers(int4_sets + sets_of(int4)))
         del weights
-        prefixes = tuple(f"{n}." for n in modules)
+        prefixes = tuple(f"{n}." for info_name, info in modules.items() for n in info.get("members", [info_name]))
         for key in f.keys():
             if key.startswith(prefixes) or key.endswith(".d_float16"):
                 continue
