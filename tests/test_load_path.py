@@ -323,7 +323,8 @@ def test_generate_verbose_prints_load_time_and_peak_memory(capsys, tmp_path):
 
 def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
     """Embeddings from Q8_0 / Q5_0 / Q4_0 GGUF tensors are k * d (int8 k, float16 d per 32): the int8
-    file stores k and d, and loading rebuilds the float32 tensor bit for bit."""
+    file stores k and d, and the loaded model keeps them (a BlockEmbedding) and looks up the float32 tensor's rows
+    bit for bit."""
     import copy
 
     from specdec.models.quantize import expand_blocks, load_quantized, quantize_hf, save_quantized
@@ -351,6 +352,12 @@ def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
     with safe_open(str(path), framework="pt") as f:
         assert f"{key}.k_int8" in f.keys() and key not in f.keys()
     loaded = load_quantized(tmp_path, path, "int8")
+    from specdec.models.block_embedding import BlockEmbedding
+
+    assert isinstance(loaded.get_input_embeddings(), BlockEmbedding)
+    table = loaded.get_input_embeddings()(torch.arange(rows))
+    assert torch.equal(table, reference.get_input_embeddings().weight)
+    loaded.set_input_embeddings(torch.nn.Embedding.from_pretrained(table))  # (the other tensors, compared as stored)
     _assert_same_tensors(loaded, reference)
     with pytest.raises(specdec.SpecDecError, match="does not give its values back"):
         save_quantized(hf, tmp_path / "bad.safetensors", "int8", blocks={key: (k, (d * 2).to(torch.float16))})

@@ -232,17 +232,20 @@ INT8_MIN, INT8_MAX = -128, 127
 def _exact_blocks(model, gguf_path: pathlib.Path, skip=()) -> dict:
     """``{state key: (k int8 [rows, cols], d float16 [rows, cols // BLOCK])}`` for the float tensors of
     ``model`` (those a dynamic int8 model keeps in float32: the embedding table) that come from a
-    Q8_0 / Q5_0 / Q4_0 GGUF tensor, each checked to rebuild the float32 tensor exactly (else left out,
-    and stored in float32): about a quarter of the float32 bytes. The layers named in ``skip`` (those
-    saved in int8) are not looked at.
+    Q8_0 / Q5_0 / Q4_0 GGUF tensor, and ``{state key: Int4Weight}`` for those from a Q4_K one, each checked to
+    rebuild the float32 tensor exactly (else left out, and stored in float32): a quarter (an eighth) of the
+    float32 bytes. The layers named in ``skip`` (those saved in int8) are not looked at.
     """
     import numpy as np
     import torch
     from gguf import GGUFReader, dequantize
 
+    from specdec.models.int4_vnni import Int4Weight
     from specdec.models.int8_storage import expand_blocks
 
-    candidates = [t for t in GGUFReader(str(gguf_path)).tensors if t.tensor_type.name in _SCALED_INT_TYPES]
+    tensors = GGUFReader(str(gguf_path)).tensors
+    candidates = [t for t in tensors if t.tensor_type.name in _SCALED_INT_TYPES]
+    q4k = [t for t in tensors if t.tensor_type.name == "Q4_K"]
     found: dict = {}
     seen: set[int] = set()
     skipped = tuple(f"{name}." for name in skip)
@@ -254,6 +257,17 @@ def _exact_blocks(model, gguf_path: pathlib.Path, skip=()) -> dict:
         if value.shape[1] % BLOCK or value.data_ptr() in seen:
             continue
         seen.add(value.data_ptr())
+        for tensor in q4k:
+            if tuple(int(n) for n in reversed(tensor.shape)) == tuple(value.shape):
+                weight = Int4Weight.from_q4k(np.asarray(tensor.data), *value.shape)
+                chunks = range(0, value.shape[0], 4096)  # (4096 rows at a time: the whole table is 0.9 GB a copy)
+                if all(torch.equal(Int4Weight(weight.packed[r // 32: r // 32 + 128], weight.dmins[r // 32: r // 32 + 128],
+                                              weight.scs[r // 32: r // 32 + 128], min(4096, value.shape[0] - r),
+                                              value.shape[1]).dequantized(), value[r: r + 4096]) for r in chunks):
+                    found[key] = weight  # bit-identical to what transformers made
+                    break
+        if key in found:
+            continue
         for tensor in candidates:
             if tuple(int(n) for n in reversed(tensor.shape)) != tuple(value.shape):
                 continue

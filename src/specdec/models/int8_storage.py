@@ -20,6 +20,7 @@ from specdec.models.int8_linear import Int8Linear
 from specdec.models.int8_weights import DeferredQWeight, check_method, is_per_channel
 
 _META_KEY = "specdec_quantized_linears"
+_TABLES_KEY = "specdec_int4_tables"
 
 
 # Packing an int8 weight for fbgemm (``linear_prepack``) is most of an int8 load's time and releases the
@@ -92,6 +93,7 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
             tensors[f"{name}.bias"] = bias.detach().contiguous()
         modules[name] = info
     prefixes = tuple(f"{n}." for n in weights)
+    tables: dict[str, list[int]] = {}  # the Q4_K tables' [rows, cols]
     seen: set[int] = set()
     for key, value in hf.state_dict().items():
         if key.startswith(prefixes) or not isinstance(value, torch.Tensor):
@@ -99,14 +101,19 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
         if value.data_ptr() in seen:  # a tied tensor: stored once, tied again by the model on load
             continue
         seen.add(value.data_ptr())
-        if key in blocks:
+        if key in blocks and not isinstance(blocks[key], tuple):  # an Int4Weight (a Q4_K table: checked by the caller)
+            tables[key] = [blocks[key].out_features, blocks[key].in_features]
+            for part in ("packed", "dmins", "scs"):
+                tensors[f"{key}.int4_{part}"] = getattr(blocks[key], part).contiguous()
+        elif key in blocks:
             k, d = blocks[key]
             if not torch.equal(expand_blocks(k, d), value):
                 raise SpecDecError(f"the block form of {key} does not give its values back")
             tensors[f"{key}.k_int8"], tensors[f"{key}.d_float16"] = k.contiguous(), d.contiguous()
         else:
             tensors[key] = value.detach().contiguous()
-    meta = {"format": "pt", "specdec_quantization": method, _META_KEY: json.dumps(modules)}
+    meta = {"format": "pt", "specdec_quantization": method, _META_KEY: json.dumps(modules),
+            _TABLES_KEY: json.dumps(tables)}
     save_file(tensors, str(path), metadata=meta)
 
 
@@ -165,14 +172,27 @@ def load_quantized(folder, path, method: str):
             linears.update(set_layers(int4_sets + sets_of(int4)))
         del weights
         prefixes = tuple(f"{n}." for info_name, info in modules.items() for n in info.get("members", [info_name]))
+        tables = json.loads(meta.get(_TABLES_KEY, "{}"))
+        stored: dict = {}  # tables in their stored form: {key: (k, d) or Int4Weight}
         for key in f.keys():
-            if key.startswith(prefixes) or key.endswith(".d_float16"):
+            if key.startswith(prefixes) or key.endswith((".d_float16", ".int4_dmins", ".int4_scs")):
                 continue
             if key.endswith(".k_int8"):
                 base = key[: -len(".k_int8")]
-                rest[base] = expand_blocks(f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
+                stored[base] = (f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
+            elif key.endswith(".int4_packed") and key[: -len(".int4_packed")] in tables:
+                from specdec.models.int4_vnni import Int4Weight
+
+                base = key[: -len(".int4_packed")]
+                stored[base] = Int4Weight(*(f.get_tensor(f"{base}.int4_{p}") for p in ("packed", "dmins", "scs")),
+                                          *tables[base])
             else:
                 rest[key] = f.get_tensor(key)
     hf = empty_model(folder, torch.float32)
     put_layers(hf, linears)
+    from specdec.models.block_embedding import stored_embedding
+
+    for key, form in stored.items():  # the input embedding keeps its form; any other table is expanded
+        if not stored_embedding(hf, key, form):
+            rest[key] = form.dequantized() if not isinstance(form, tuple) else expand_blocks(*form)
     return fill(hf, rest, folder, path)  # the tensors read from the file become the weights

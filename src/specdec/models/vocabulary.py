@@ -27,7 +27,7 @@ _preset_tokenizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 # for its vocabulary and merges and builds the backend from them (1.0-1.2 s of a Qwen preset's load on the
 # AVX-512 EPYC, a sixth of a one-shot `specdec generate`). Such a class adds nothing to its base but that
 # __init__, so the first load writes the backend it built into BACKEND_FOLDER, marked as a plain
-# TokenizersBackend, which later loads read with one call into `tokenizers` (0.4-0.7 s): the same backend (its
+# TokenizersBackend, which later loads read with one call into `tokenizers` (0.3-0.4 s): the same backend (its
 # normalizer included), special tokens and chat template, checked when written.
 BACKEND_FOLDER = "specdec_tokenizer"
 _SOURCE_FILE = "specdec_source.json"
@@ -133,6 +133,10 @@ def _store_backend(folder: Path, tokenizer: Any, source: dict, load_tokenizer: A
         (staging / "tokenizer.json").write_text(tokenizer.backend_tokenizer.to_str(), encoding="utf-8")
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         config["tokenizer_class"] = "TokenizersBackend"
+        config["added_tokens_decoder"] = {  # (given here, transformers does not parse tokenizer.json in Python)
+            str(i): {attr: getattr(t, attr) for attr in ("content", "lstrip", "rstrip", "normalized", "single_word",
+                                                          "special")}
+            for i, t in tokenizer.added_tokens_decoder.items()}
         (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         for name in (_CHAT_TEMPLATE_FILE, "special_tokens_map.json"):
             if (folder / name).is_file():
