@@ -50,19 +50,17 @@ class Int4Embedding(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [...] -> [..., H] float32
         flat = ids.reshape(-1)
-        group, column = flat // 32, flat % 32  # [n]: the packed group of each row and its column there
-        half, lane = column // 16, column % 16  # the nibble (low: columns 0-15) and the lane within the 64 bytes
-        packed = self.packed[group]  # [n, H_p / 4, 64]
-        index = (lane * 4)[:, None, None] + torch.arange(4)  # [n, 1, 4]: the row's 4 bytes in each 64
-        q = (packed.gather(2, index.expand(-1, packed.shape[1], -1)) >> (4 * half)[:, None, None]) & 15
-        q = q.reshape(flat.numel(), -1).to(torch.float32)  # [n, H_p]
-        d = self.dmins[group, :, column].to(torch.float32)  # [n, H_p / 256]
-        dmin = self.dmins[group, :, 32 + column].to(torch.float32)
-        sc = self.scs[group, :, column].to(torch.float32)  # [n, H_p / 32]
-        m = self.scs[group, :, 32 + column].to(torch.float32)
-        scale = d.repeat_interleave(SUPER // SUB, 1) * sc
-        offset = dmin.repeat_interleave(SUPER // SUB, 1) * m
-        rows = q * scale.repeat_interleave(SUB, 1) - offset.repeat_interleave(SUB, 1)
+        n, groups = flat.numel(), self.packed.shape[0]
+        group, column = flat // 32, flat % 32  # [n]: each row's packed group and its column there
+        lanes = self.packed.view(groups, -1, 16, 4)[group, :, column % 16]  # [n, H_p / 4, 4]: its bytes, two rows each
+        shift = (column // 16 * 4).to(torch.uint8).view(n, 1, 1)  # the high nibble holds columns 16-31
+        q = ((lanes >> shift) & 15).to(torch.float32).view(n, -1, SUB)  # [n, H_p / 32, 32]
+        dmin = self.dmins.view(groups, -1, 2, 32)[group, :, :, column].to(torch.float32)  # [n, H_p / 256, 2]: d, dmin
+        scm = self.scs.view(groups, -1, 2, 32)[group, :, :, column].to(torch.float32)  # [n, H_p / 32, 2]: sc, m
+        per = SUPER // SUB
+        scale = (dmin[:, :, None, 0] * scm[:, :, 0].view(n, -1, per)).view(n, -1, 1)  # d * sc per sub-block
+        offset = (dmin[:, :, None, 1] * scm[:, :, 1].view(n, -1, per)).view(n, -1, 1)  # dmin * m
+        rows = (q * scale - offset).view(n, -1)  # [n, H_p]: dequantized()'s operations, elementwise
         return rows[:, : self.embedding_dim].reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
