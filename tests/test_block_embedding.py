@@ -89,3 +89,17 @@ def load_reference(hf, folder, ids):
     quantize_hf(model, "int4")
     with torch.inference_mode():
         return model(ids).logits
+
+
+@needs_vnni
+def test_a_conversion_keeps_a_q4k_table_only_where_it_gives_the_float_table_back():
+    """gguf_convert's check, chunk by chunk: the table's own dequantization passes; one value off in the last
+    chunk's last row fails it."""
+    from specdec.models.gguf_convert import _gives_back
+
+    torch.manual_seed(2)
+    weight = Int4Weight.quantize(torch.randn(100, 256))
+    table = weight.dequantized()
+    assert _gives_back(weight, table, rows=32) and _gives_back(weight, table)
+    table[99, 255] = torch.nextafter(table[99, 255], torch.tensor(1e9))
+    assert not _gives_back(weight, table, rows=32)

@@ -229,6 +229,22 @@ SCALE_BYTES = 2
 INT8_MIN, INT8_MAX = -128, 127
 
 
+def _gives_back(weight, value, rows: int = 4096) -> bool:
+    """Whether the Int4Weight ``weight`` dequantizes to the float32 tensor ``value`` bit for bit (``rows`` at a
+    time: a whole 151,936-row table dequantized at once is several copies of 0.9 GB)."""
+    import torch
+
+    from specdec.models.int4_vnni import Int4Weight
+
+    for r in range(0, value.shape[0], rows):
+        groups = slice(r // 32, (r + rows) // 32)
+        part = Int4Weight(weight.packed[groups], weight.dmins[groups], weight.scs[groups],
+                          min(rows, value.shape[0] - r), value.shape[1])
+        if not torch.equal(part.dequantized(), value[r: r + rows]):
+            return False
+    return True
+
+
 def _exact_blocks(model, gguf_path: pathlib.Path, skip=()) -> dict:
     """``{state key: (k int8 [rows, cols], d float16 [rows, cols // BLOCK])}`` for the float tensors of
     ``model`` (those a dynamic int8 model keeps in float32: the embedding table) that come from a
@@ -240,12 +256,14 @@ def _exact_blocks(model, gguf_path: pathlib.Path, skip=()) -> dict:
     import torch
     from gguf import GGUFReader, dequantize
 
+    from specdec.models import int8_vnni
     from specdec.models.int4_vnni import Int4Weight
     from specdec.models.int8_storage import expand_blocks
 
     tensors = GGUFReader(str(gguf_path)).tensors
     candidates = [t for t in tensors if t.tensor_type.name in _SCALED_INT_TYPES]
-    q4k = [t for t in tensors if t.tensor_type.name == "Q4_K"]
+    # (Q4_K tables are laid out by the vnni extension: where it cannot run or build, they stay float32)
+    q4k = [t for t in tensors if t.tensor_type.name == "Q4_K"] if int8_vnni.cpu_supported() else []
     found: dict = {}
     seen: set[int] = set()
     skipped = tuple(f"{name}." for name in skip)
@@ -259,12 +277,12 @@ def _exact_blocks(model, gguf_path: pathlib.Path, skip=()) -> dict:
         seen.add(value.data_ptr())
         for tensor in q4k:
             if tuple(int(n) for n in reversed(tensor.shape)) == tuple(value.shape):
-                weight = Int4Weight.from_q4k(np.asarray(tensor.data), *value.shape)
-                chunks = range(0, value.shape[0], 4096)  # (4096 rows at a time: the whole table is 0.9 GB a copy)
-                if all(torch.equal(Int4Weight(weight.packed[r // 32: r // 32 + 128], weight.dmins[r // 32: r // 32 + 128],
-                                              weight.scs[r // 32: r // 32 + 128], min(4096, value.shape[0] - r),
-                                              value.shape[1]).dequantized(), value[r: r + 4096]) for r in chunks):
-                    found[key] = weight  # bit-identical to what transformers made
+                try:
+                    weight = Int4Weight.from_q4k(np.asarray(tensor.data), *value.shape)
+                except SpecDecError:  # the extension does not build here (no compiler): the table stays float32
+                    break
+                if _gives_back(weight, value):  # bit-identical to what transformers made
+                    found[key] = weight
                     break
         if key in found:
             continue
