@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.models.gguf_convert import BLOCK  # values per float16 scale in the int8 form
 from specdec.models.int4_vnni import SUB, SUPER, Int4Weight
-
-BLOCK = 32  # values per float16 scale in the int8 form
 
 
 class BlockEmbedding(torch.nn.Module):

@@ -173,13 +173,16 @@ class Int4Linear(Int8Linear):
                 f"bias={self.bias is not None}")
 
 
-def int4_sets(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> list[tuple[list[str], list[int], Int4Weight,
-                                                                                        torch.Tensor | None]]:
+#: A layer or sibling set as it runs: (layer names, rows of each, the weight, the bias).
+Int4Set = tuple[list[str], list[int], Int4Weight, "torch.Tensor | None"]
+
+
+def int4_sets(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> list[Int4Set]:
     """``{layer name: (Int4Weight, bias)}`` -> the layers as they run, ``[(names, rows of each, weight, bias)]``: a
     sibling set (:data:`FUSED_SIBLINGS`) whose members' rows fill whole packed groups of 32 as one weight (their
     packed rows stacked, their biases joined), every other layer alone. A conversion stores them so
     (:func:`~specdec.models.int8_storage.save_quantized`): a load then stacks nothing."""
-    sets: list[tuple[list[str], list[int], Int4Weight, torch.Tensor | None]] = []
+    sets: list[Int4Set] = []
     done: set[str] = set()
     for name, (weight, bias) in weights.items():
         if name in done:
@@ -199,7 +202,7 @@ def int4_sets(weights: dict[str, tuple[Int4Weight, torch.Tensor | None]]) -> lis
     return sets
 
 
-def set_layers(sets: list[tuple[list[str], list[int], Int4Weight, torch.Tensor | None]]) -> dict[str, Int8Linear]:
+def set_layers(sets: list[Int4Set]) -> dict[str, Int8Linear]:
     """:func:`int4_sets`' sets -> ``{layer name: layer}`` (a fused set's members served from one layer)."""
     out: dict[str, Int8Linear] = {}
     for names, outs, weight, bias in sets:

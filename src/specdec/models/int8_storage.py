@@ -21,6 +21,19 @@ from specdec.models.int8_weights import DeferredQWeight, check_method, is_per_ch
 
 _META_KEY = "specdec_quantized_linears"
 _TABLES_KEY = "specdec_int4_tables"
+_INT4_PARTS = ("packed", "dmins", "scs")  # an Int4Weight's tensors, stored as "<name>.int4_<part>"
+
+
+def _int4_tensors(name: str, weight) -> dict[str, torch.Tensor]:
+    """An Int4Weight's tensors under ``name`` as the file holds them."""
+    return {f"{name}.int4_{part}": getattr(weight, part).contiguous() for part in _INT4_PARTS}
+
+
+def _read_int4(f, name: str, out_features: int, in_features: int):
+    """The Int4Weight stored under ``name`` in the open safetensors file ``f``."""
+    from specdec.models.int4_vnni import Int4Weight
+
+    return Int4Weight(*(f.get_tensor(f"{name}.int4_{part}") for part in _INT4_PARTS), out_features, in_features)
 
 
 # Packing an int8 weight for fbgemm (``linear_prepack``) is most of an int8 load's time and releases the
@@ -73,8 +86,7 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
             modules[names[0]] = {"in": weight.in_features, "out": weight.out_features, "bias": bias is not None}
             if len(names) > 1:
                 modules[names[0]].update(members=names, outs=outs)
-            for key in ("packed", "dmins", "scs"):
-                tensors[f"{names[0]}.int4_{key}"] = getattr(weight, key).contiguous()
+            tensors.update(_int4_tensors(names[0], weight))
             if bias is not None:
                 tensors[f"{names[0]}.bias"] = bias.detach().contiguous()
     for name, (weight, bias) in weights.items():
@@ -103,8 +115,7 @@ def save_quantized(hf, path, method: str, blocks: dict | None = None, weights: d
         seen.add(value.data_ptr())
         if key in blocks and not isinstance(blocks[key], tuple):  # an Int4Weight (a Q4_K table: checked by the caller)
             tables[key] = [blocks[key].out_features, blocks[key].in_features]
-            for part in ("packed", "dmins", "scs"):
-                tensors[f"{key}.int4_{part}"] = getattr(blocks[key], part).contiguous()
+            tensors.update(_int4_tensors(key, blocks[key]))
         elif key in blocks:
             k, d = blocks[key]
             if not torch.equal(expand_blocks(k, d), value):
@@ -143,17 +154,14 @@ def load_quantized(folder, path, method: str):
             raise SpecDecError(f"{path} holds {meta.get('specdec_quantization')!r} weights, expected {method!r}")
         modules = json.loads(meta[_META_KEY])
         int4: dict = {}  # the int4 layers (an int4 variant may keep some in int8: int4-mixed)
-        int4_sets: list = []  # (those stored as they run: sibling sets stacked)
+        stacked: list = []  # (the int4 layers stored as they run: sibling sets stacked)
         keys = set(f.keys())
         for name, info in modules.items():
             if f"{name}.int4_packed" in keys:
-                from specdec.models.int4_vnni import Int4Weight
-
-                stored = (f.get_tensor(f"{name}.int4_{key}") for key in ("packed", "dmins", "scs"))
-                weight = Int4Weight(*stored, info["out"], info["in"])
+                weight = _read_int4(f, name, info["out"], info["in"])
                 bias = f.get_tensor(f"{name}.bias") if info["bias"] else None
                 if "members" in info:
-                    int4_sets.append((info["members"], info["outs"], weight, bias))
+                    stacked.append((info["members"], info["outs"], weight, bias))
                 else:
                     int4[name] = (weight, bias)  # (a file from before sets were stored: stacked below)
                 continue
@@ -166,10 +174,10 @@ def load_quantized(folder, path, method: str):
         # packed on background threads, the largest first: the 0.5B's lm_head packs for as long as all its
         # layers together, so it packs on one thread while the layers pack on the other
         linears = int8_layers(weights, pool) if weights else {}
-        if int4 or int4_sets:  # stored as the kernel reads them: nothing to pack
-            from specdec.models.int4_vnni import int4_sets as sets_of, set_layers
+        if int4 or stacked:  # stored as the kernel reads them: nothing to pack
+            from specdec.models.int4_vnni import int4_sets, set_layers
 
-            linears.update(set_layers(int4_sets + sets_of(int4)))
+            linears.update(set_layers(stacked + int4_sets(int4)))
         del weights
         prefixes = tuple(f"{n}." for info_name, info in modules.items() for n in info.get("members", [info_name]))
         tables = json.loads(meta.get(_TABLES_KEY, "{}"))
@@ -181,11 +189,8 @@ def load_quantized(folder, path, method: str):
                 base = key[: -len(".k_int8")]
                 stored[base] = (f.get_tensor(key), f.get_tensor(f"{base}.d_float16"))
             elif key.endswith(".int4_packed") and key[: -len(".int4_packed")] in tables:
-                from specdec.models.int4_vnni import Int4Weight
-
                 base = key[: -len(".int4_packed")]
-                stored[base] = Int4Weight(*(f.get_tensor(f"{base}.int4_{p}") for p in ("packed", "dmins", "scs")),
-                                          *tables[base])
+                stored[base] = _read_int4(f, base, *tables[base])
             else:
                 rest[key] = f.get_tensor(key)
     hf = empty_model(folder, torch.float32)
