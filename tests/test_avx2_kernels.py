@@ -48,11 +48,16 @@ def test_the_gemms_give_the_avx512_bits(both, n, k):
     torch.testing.assert_close(avx2[0].double(), reference, atol=0.05 * reference.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize("b,h,h_kv,q,length,d", [(1, 14, 2, 5, 37, 64), (2, 4, 2, 3, 17, 20), (1, 8, 8, 1, 300, 128)])
+@pytest.mark.parametrize("b,h,h_kv,q,length,d", [(1, 14, 2, 5, 37, 64), (2, 4, 2, 3, 17, 20), (1, 8, 8, 1, 300, 128),
+                                                   (2, 12, 2, 5, 70, 128), (1, 16, 2, 4, 50, 256), (1, 6, 2, 8, 333, 32)])
 def test_the_row_attention_gives_the_avx512_bits(both, b, h, h_kv, q, length, d):
+    """The AVX2 code takes each (row, head) alone; the AVX-512 code takes a key/value head's rows and heads together
+    where D is 64, 128 or 256 (keys in blocks, 16 scores summed at once): the same bits either way, whatever the
+    rows' spans (a start past 0, an empty span)."""
     torch.manual_seed(length)
     query, key, value = torch.randn(b, h, q, d), torch.randn(b, h_kv, length, d), torch.randn(b, h_kv, length, d)
     starts, ends = torch.zeros(b, q, dtype=torch.long), torch.randint(1, length + 1, (b, q))
+    starts[-1, 0], starts[0, -1] = min(5, int(ends[-1, 0])), int(ends[0, -1])  # a span from 5; an empty one
     ext = int8_vnni.extension()
     for mask in (None, torch.rand(b, q, length) > 0.3, torch.randn(b, q, length)):
         avx512, avx2 = both(lambda: ext.row_attention(query, key, value, starts, ends, mask, d ** -0.5))

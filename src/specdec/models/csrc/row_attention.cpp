@@ -49,21 +49,46 @@ float dot(const float* a, const float* b, int64_t d) {
   return _mm512_reduce_add_ps(acc);
 }
 
-// One (batch, query head): scores [L] as scratch, out [D].
+// The scores of 16 keys at once (D a multiple of 16), each the bits dot() gives it: key j's 16 per-lane sums made
+// in dot()'s order, then _mm512_reduce_add_ps's tree (lane l + lane l + 8, then + 4, + 2, + 1; GCC's avx512fintrin.h)
+// taken for the 16 keys together with shuffles: 15 adds where 16 reductions take 64 and wait on each other.
 __attribute__((target("avx512f")))
-void attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L, int64_t D,
-            float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out) {
+inline __m512 dots16(const float* q, const float* k, int64_t k_stride, int64_t D) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < D; i += 16) {
+    const __m512 qi = _mm512_loadu_ps(q + i);
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(qi, _mm512_loadu_ps(k + j * k_stride + i)));
+  }
+  __m512 t3[8], t6[4], t8[2];
+  for (int p = 0; p < 8; ++p)  // lanes 0-7: key 2p's l + (l + 8); 8-15: key 2p + 1's
+    t3[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int r = 0; r < 4; ++r)  // quarter c: key 4r + c's l + (l + 4)
+    t6[r] = _mm512_add_ps(_mm512_shuffle_f32x4(t3[2 * r], t3[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(t3[2 * r], t3[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int s = 0; s < 2; ++s)  // quarter c: keys 8s + c and 8s + 4 + c, each's l + (l + 2) for l = 0, 1
+    t8[s] = _mm512_add_ps(_mm512_shuffle_ps(t6[2 * s], t6[2 * s + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(t6[2 * s], t6[2 * s + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(t8[0], t8[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(t8[0], t8[1], _MM_SHUFFLE(3, 1, 3, 1)));  // lane 4c + e: key 4e + c
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
+}
+
+// scores [L] (q . k * scale) -> their exponentials in place (masked keys: 0); returns 1 / their sum, or -1 where
+// no key is left to attend to.
+__attribute__((target("avx512f")))
+float softmax_weights(float* scores, int64_t L, const bool* mask_bool, const float* mask_add) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   float mx = neg_inf;
   for (int64_t j = 0; j < L; ++j) {
-    float s = dot(q, k + j * k_stride, D) * scale;
+    float s = scores[j];
     if (mask_bool && !mask_bool[j]) s = neg_inf;
     if (mask_add) s = s + mask_add[j];
     scores[j] = s;
     mx = std::max(mx, s);
   }
-  for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
-  if (mx == neg_inf) return;  // no key to attend to: zeros
+  if (mx == neg_inf) return -1.0f;
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512 vsum = _mm512_setzero_ps();
   int64_t j = 0;
@@ -82,11 +107,21 @@ void attend(const float* q, const float* k, int64_t k_stride, const float* v, in
     _mm512_mask_storeu_ps(scores + j, m, e);
     vsum = _mm512_add_ps(vsum, e);
   }
-  const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
-  for (int64_t j2 = 0; j2 < L; ++j2) {
-    const float w = scores[j2];
+  return 1.0f / _mm512_reduce_add_ps(vsum);
+}
+
+// One (batch, query head) for any D: scores [L] as scratch, out [D].
+__attribute__((target("avx512f")))
+void attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L, int64_t D,
+            float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out) {
+  for (int64_t j = 0; j < L; ++j) scores[j] = dot(q, k + j * k_stride, D) * scale;
+  for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
+  const float inv = softmax_weights(scores, L, mask_bool, mask_add);
+  if (inv < 0.0f) return;  // no key to attend to: zeros
+  for (int64_t j = 0; j < L; ++j) {
+    const float w = scores[j];
     if (w == 0.0f) continue;
-    const float* vj = v + j2 * v_stride;
+    const float* vj = v + j * v_stride;
     const __m512 vw = _mm512_set1_ps(w);
     int64_t i = 0;
     for (; i + 16 <= D; i += 16)
@@ -95,6 +130,68 @@ void attend(const float* q, const float* k, int64_t k_stride, const float* v, in
   }
   for (int64_t i = 0; i < D; ++i) out[i] = out[i] * inv;
 }
+
+// A query row and head of a key/value head's group: its keys [lo, hi) (absolute), mask lines from lo.
+struct Pair {
+  const float* q;
+  float* out;
+  float* scores;  // [hi - lo]
+  const bool* mask_bool;
+  const float* mask_add;
+  int64_t lo, hi;
+};
+
+// attend for the pairs that share one key/value head (D = 16 * NV), the bits of attend for each: its scores,
+// softmax and weighted sum are the same operations in the same order. What changes is the order of the work: the
+// keys in blocks (16 for the scores, 32 for the values), each block read from memory once and then from L1 by every
+// pair (a pair alone reads all its keys and values from L2: the cost of a row, measured), and 16 scores summed at
+// once (dots16).
+template <int NV>
+__attribute__((target("avx512f")))
+void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+                  float scale) {
+  constexpr int64_t D = 16 * NV;
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+  for (int64_t p = 0; p < n; ++p)
+    if (pairs[p].hi > pairs[p].lo) lo = std::min(lo, pairs[p].lo), hi = std::max(hi, pairs[p].hi);
+  for (int64_t j0 = lo / 16 * 16; j0 < hi; j0 += 16)
+    for (int64_t p = 0; p < n; ++p) {
+      const Pair& r = pairs[p];
+      const int64_t a = std::max(j0, r.lo), b = std::min(j0 + 16, r.hi);
+      if (a == j0 && b == j0 + 16)
+        _mm512_storeu_ps(r.scores + (j0 - r.lo),
+                         _mm512_mul_ps(dots16(r.q, k + j0 * k_stride, k_stride, D), _mm512_set1_ps(scale)));
+      else
+        for (int64_t j = a; j < b; ++j) r.scores[j - r.lo] = dot(r.q, k + j * k_stride, D) * scale;
+    }
+  std::vector<float> inv(n);
+  for (int64_t p = 0; p < n; ++p) {
+    const Pair& r = pairs[p];
+    inv[p] = r.hi > r.lo ? softmax_weights(r.scores, r.hi - r.lo, r.mask_bool, r.mask_add) : -1.0f;
+    for (int64_t i = 0; i < D; ++i) r.out[i] = 0.0f;  // (stays so where no key is left)
+  }
+  for (int64_t j0 = lo / 32 * 32; j0 < hi; j0 += 32)
+    for (int64_t p = 0; p < n; ++p) {
+      const Pair& r = pairs[p];
+      const int64_t a = std::max(j0, r.lo), b = std::min(j0 + 32, r.hi);
+      if (inv[p] < 0.0f || a >= b) continue;
+      __m512 acc[NV];
+      for (int i = 0; i < NV; ++i) acc[i] = _mm512_loadu_ps(r.out + 16 * i);
+      for (int64_t j = a; j < b; ++j) {
+        const float w = r.scores[j - r.lo];
+        if (w == 0.0f) continue;
+        const __m512 vw = _mm512_set1_ps(w);
+        for (int i = 0; i < NV; ++i) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(vw, _mm512_loadu_ps(v + j * v_stride + 16 * i)));
+      }
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(r.out + 16 * i, acc[i]);
+    }
+  for (int64_t p = 0; p < n; ++p)
+    if (inv[p] >= 0.0f)
+      for (int i = 0; i < NV; ++i)
+        _mm512_storeu_ps(pairs[p].out + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(pairs[p].out + 16 * i), _mm512_set1_ps(inv[p])));
+}
+
+using PairsFn = void (*)(const Pair*, int64_t, const float*, int64_t, const float*, int64_t, float);
 
 }  // namespace
 
@@ -133,6 +230,33 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
   const int64_t* ep = en.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t group = H / Hkv;
+  // the pairs (row, head) of each key/value head and batch row together, split in chunks so every thread has work
+  const PairsFn pairs_fn = use_avx2() ? nullptr : D == 64 ? attend_pairs<4> : D == 128 ? attend_pairs<8>
+                                                 : D == 256 ? attend_pairs<16> : nullptr;
+  if (pairs_fn) {
+    const int64_t per = Q * group, units = B * Hkv;
+    const int64_t chunks = std::min<int64_t>(per, (at::get_num_threads() + units - 1) / units);
+    const int64_t size = (per + chunks - 1) / chunks;
+    const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() : nullptr;
+    const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() : nullptr;
+    at::parallel_for(0, units * chunks, 1, [&](int64_t a, int64_t b) {
+      std::vector<float> scores(size * L);
+      std::vector<Pair> pairs(size);
+      for (int64_t t = a; t < b; ++t) {
+        const int64_t bi = t / (Hkv * chunks), g = (t / chunks) % Hkv, c = t % chunks;
+        int64_t n = 0;
+        for (int64_t idx = c * size; idx < std::min(per, (c + 1) * size); ++idx, ++n) {
+          const int64_t i = idx / group, h = g * group + idx % group, row = bi * Q + i;
+          const int64_t lo = std::max<int64_t>(0, sp[row]), hi = std::min<int64_t>(L, ep[row]);
+          pairs[n] = {qp + ((bi * H + h) * Q + i) * D, op + (row * H + h) * D, scores.data() + n * L,
+                      mb ? mb + row * L + lo : nullptr, ma ? ma + row * L + lo : nullptr, lo, hi};
+        }
+        pairs_fn(pairs.data(), n, kp + bi * key.stride(0) + g * key.stride(1), key.stride(2),
+                 vp + bi * value.stride(0) + g * value.stride(1), value.stride(2), static_cast<float>(scale));
+      }
+    });
+    return out;
+  }
   const auto attend_row = use_avx2() ? attend_avx2 : attend;
   if (use_avx2()) count_avx2_call();
   at::parallel_for(0, B * Q * H, 1, [&](int64_t a, int64_t b) {
