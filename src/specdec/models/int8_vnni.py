@@ -37,10 +37,11 @@ from specdec.errors import SpecDecError
 from specdec.models.int8_weights import DeferredQWeight, is_per_channel
 
 #: The extension's sources: the int8 GEMM (and the module's bindings), the int4 GEMM, the row attention, the decoder
-#: step; and the header they share (in the build's name hash, not compiled alone).
+#: step, their AVX2 code; and the headers they share (in the build's name hash, not compiled alone).
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("int8_vnni.cpp", "int4_vnni.cpp", "row_attention.cpp", "decoder_step.cpp", "avx2_kernels.cpp")]
-HEADERS = [Path(__file__).parent / "csrc" / "output_parts.h"]
+           for name in ("int8_vnni.cpp", "int4_vnni.cpp", "row_attention.cpp", "decoder_step.cpp", "avx2_kernels.cpp",
+                        "avx2_attention.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / name for name in ("output_parts.h", "attention_pairs.h", "avx2_lanes.h")]
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4
 QMAX = 127.0

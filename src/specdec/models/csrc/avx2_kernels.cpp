@@ -1,5 +1,5 @@
-// specdec's kernels for CPUs with AVX2 (and FMA, F16C) but no AVX-512 VNNI: the int8 and int4 GEMMs, their row
-// quantization and the row attention of int8_vnni.cpp, int4_vnni.cpp and row_attention.cpp, with the same bits.
+// specdec's kernels for CPUs with AVX2 (and FMA, F16C) but no AVX-512 VNNI: the int8 and int4 GEMMs and their row
+// quantization of int8_vnni.cpp and int4_vnni.cpp, with the same bits (the row attention: avx2_attention.cpp).
 //
 // The integer sums are exact either way: vpdpbusd's four u8 x s8 products per int32 lane become vpmaddubsw (int4: q
 // in 0..15 times int8, so a pair sums to at most 3,810: no int16 saturation) or vpmaddwd on int16 (int8: the
@@ -10,6 +10,7 @@
 // the path once (set_avx2, from specdec.models.int8_vnni.kernel_isa).
 #include <torch/extension.h>
 #include "output_parts.h"
+#include "avx2_lanes.h"
 #include <c10/util/Half.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -29,22 +30,6 @@ void count_avx2_call() { avx2_call_count.fetch_add(1, std::memory_order_relaxed)
 int64_t avx2_calls() { return avx2_call_count.load(); }
 
 namespace {
-
-// _mm512_reduce_add_ps of the 16 lanes (lo = lanes 0-7, hi = 8-15), operation for operation.
-__attribute__((target("avx2,fma")))
-inline float reduce_add16(__m256 lo, __m256 hi) {
-  const __m256 t3 = _mm256_add_ps(hi, lo);
-  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
-}
-
-// Lanes [0, count) of 8 live (count may be <= 0 or >= 8).
-__attribute__((target("avx2,fma")))
-inline __m256i live8(int64_t count) {
-  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(8, count)))), index);
-}
 
 __attribute__((target("avx2,fma")))
 inline __m256 max_abs(__m256 acc, const float* x, int64_t count) {
@@ -267,82 +252,4 @@ void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, cons
     const int64_t mb = std::min<int64_t>(4, rows - r);
     fns[mb](wg, dg, sg, Kp, xq + r * Kp, xsum + r * (Kp / 32), sr + r, bias, out, m0 + r, n0);
   }
-}
-
-// ---- row attention (row_attention.cpp's attend) ----
-
-namespace {
-
-// exp_nonpositive of row_attention.cpp on 8 lanes, operation for operation.
-__attribute__((target("avx2,fma")))
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-// row_attention.cpp's dot: 16 lanes of products summed per lane, then _mm512_reduce_add_ps.
-__attribute__((target("avx2,fma")))
-float dot16(const float* a, const float* b, int64_t d) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  for (int64_t i = 0; i < d; i += 16) {
-    const __m256i l0 = live8(d - i), l1 = live8(d - i - 8);
-    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_maskload_ps(a + i, l0), _mm256_maskload_ps(b + i, l0)));
-    hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_maskload_ps(a + i + 8, l1), _mm256_maskload_ps(b + i + 8, l1)));
-  }
-  return reduce_add16(lo, hi);
-}
-
-// The scores' exponentials for lanes [j, j + 8) of L (count live), written back; their sum added to acc.
-__attribute__((target("avx2,fma")))
-inline __m256 exp_scores(float* scores, int64_t count, __m256 vmx, __m256 acc) {
-  const __m256i live = live8(count);
-  const __m256 sc = _mm256_maskload_ps(scores, live);
-  const __m256 finite = _mm256_and_ps(_mm256_castsi256_ps(live), _mm256_cmp_ps(sc, _mm256_set1_ps(
-      -std::numeric_limits<float>::infinity()), _CMP_NEQ_OQ));  // masked keys: 0
-  const __m256 e = _mm256_and_ps(finite, exp8(_mm256_sub_ps(sc, vmx)));
-  _mm256_maskstore_ps(scores, live, e);
-  return _mm256_add_ps(acc, e);
-}
-
-}  // namespace
-
-// attend of row_attention.cpp (one query row and head over its L keys) with the same bits.
-__attribute__((target("avx2,fma")))
-void attend_avx2(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L,
-                 int64_t D, float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  float mx = neg_inf;
-  for (int64_t j = 0; j < L; ++j) {
-    float s = dot16(q, k + j * k_stride, D) * scale;
-    if (mask_bool && !mask_bool[j]) s = neg_inf;
-    if (mask_add) s = s + mask_add[j];
-    scores[j] = s;
-    mx = std::max(mx, s);
-  }
-  for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
-  if (mx == neg_inf) return;
-  const __m256 vmx = _mm256_set1_ps(mx);
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  for (int64_t j = 0; j < L; j += 16)  // (dead lanes add zeros, as the AVX-512 code's masked lanes do)
-    lo = exp_scores(scores + j, L - j, vmx, lo), hi = exp_scores(scores + j + 8, L - j - 8, vmx, hi);
-  const float inv = 1.0f / reduce_add16(lo, hi);
-  for (int64_t j = 0; j < L; ++j) {
-    const float w = scores[j];
-    if (w == 0.0f) continue;
-    const float* vj = v + j * v_stride;
-    const __m256 vw = _mm256_set1_ps(w);
-    int64_t i = 0;
-    for (; i + 8 <= D; i += 8)  // (lanes are independent: 8 at a time is the 16-lane code's arithmetic)
-      _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(vw, _mm256_loadu_ps(vj + i))));
-    for (; i < D; ++i) out[i] = out[i] + w * vj[i];
-  }
-  for (int64_t i = 0; i < D; ++i) out[i] = out[i] * inv;
 }

@@ -2,6 +2,7 @@
 // binds it): each query row of a pass attends over its own keys with the arithmetic fixed here, so a block of rows
 // gives each row the bits of a one-token step (what specdec.models.row_attention needs).
 #include <torch/extension.h>
+#include "attention_pairs.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -80,14 +81,7 @@ inline __m512 dots16(const float* q, const float* k, int64_t k_stride, int64_t D
 __attribute__((target("avx512f")))
 float softmax_weights(float* scores, int64_t L, const bool* mask_bool, const float* mask_add) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  float mx = neg_inf;
-  for (int64_t j = 0; j < L; ++j) {
-    float s = scores[j];
-    if (mask_bool && !mask_bool[j]) s = neg_inf;
-    if (mask_add) s = s + mask_add[j];
-    scores[j] = s;
-    mx = std::max(mx, s);
-  }
+  const float mx = masked_max(scores, L, mask_bool, mask_add);
   if (mx == neg_inf) return -1.0f;
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512 vsum = _mm512_setzero_ps();
@@ -131,16 +125,6 @@ void attend(const float* q, const float* k, int64_t k_stride, const float* v, in
   for (int64_t i = 0; i < D; ++i) out[i] = out[i] * inv;
 }
 
-// A query row and head of a key/value head's group: its keys [lo, hi) (absolute), mask lines from lo.
-struct Pair {
-  const float* q;
-  float* out;
-  float* scores;  // [hi - lo]
-  const bool* mask_bool;
-  const float* mask_add;
-  int64_t lo, hi;
-};
-
 // attend for the pairs that share one key/value head (D = 16 * NV), the bits of attend for each: its scores,
 // softmax and weighted sum are the same operations in the same order. What changes is the order of the work: the
 // keys in blocks (16 for the scores, 32 for the values), each block read from memory once and then from L1 by every
@@ -149,11 +133,10 @@ struct Pair {
 template <int NV>
 __attribute__((target("avx512f")))
 void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                  float scale) {
+                  int64_t, float scale) {
   constexpr int64_t D = 16 * NV;
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
-  for (int64_t p = 0; p < n; ++p)
-    if (pairs[p].hi > pairs[p].lo) lo = std::min(lo, pairs[p].lo), hi = std::max(hi, pairs[p].hi);
+  int64_t lo, hi;
+  key_span(pairs, n, lo, hi);
   for (int64_t j0 = lo / 16 * 16; j0 < hi; j0 += 16)
     for (int64_t p = 0; p < n; ++p) {
       const Pair& r = pairs[p];
@@ -191,8 +174,6 @@ void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k_stride
         _mm512_storeu_ps(pairs[p].out + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(pairs[p].out + 16 * i), _mm512_set1_ps(inv[p])));
 }
 
-using PairsFn = void (*)(const Pair*, int64_t, const float*, int64_t, const float*, int64_t, float);
-
 }  // namespace
 
 // The AVX2 path (avx2_kernels.cpp): the same bits where the CPU has no AVX-512.
@@ -200,6 +181,8 @@ bool use_avx2();
 void count_avx2_call();
 void attend_avx2(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L,
                  int64_t D, float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out);
+void attend_pairs_avx2(const Pair* pairs, int64_t n, const float* k, int64_t k_stride, const float* v,
+                       int64_t v_stride, int64_t D, float scale);
 
 // query [B, H, Q, D]; key/value [B, H_kv, L, D] (last dimension contiguous); row (b, i) attends to keys
 // [starts[b, i], ends[b, i]) (int64 [B, Q]); mask None or [B, Q, L] (bool: attend, or float32: added to the
@@ -231,8 +214,10 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
   float* op = out.data_ptr<float>();
   const int64_t group = H / Hkv;
   // the pairs (row, head) of each key/value head and batch row together, split in chunks so every thread has work
-  const PairsFn pairs_fn = use_avx2() ? nullptr : D == 64 ? attend_pairs<4> : D == 128 ? attend_pairs<8>
-                                                 : D == 256 ? attend_pairs<16> : nullptr;
+  const PairsFn pairs_fn = use_avx2() ? (D % 64 == 0 ? attend_pairs_avx2 : nullptr)
+                                       : D == 64 ? attend_pairs<4> : D == 128 ? attend_pairs<8>
+                                       : D == 256 ? attend_pairs<16> : nullptr;
+  if (use_avx2()) count_avx2_call();
   if (pairs_fn) {
     const int64_t per = Q * group, units = B * Hkv;
     const int64_t chunks = std::min<int64_t>(per, (at::get_num_threads() + units - 1) / units);
@@ -252,13 +237,12 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
                       mb ? mb + row * L + lo : nullptr, ma ? ma + row * L + lo : nullptr, lo, hi};
         }
         pairs_fn(pairs.data(), n, kp + bi * key.stride(0) + g * key.stride(1), key.stride(2),
-                 vp + bi * value.stride(0) + g * value.stride(1), value.stride(2), static_cast<float>(scale));
+                 vp + bi * value.stride(0) + g * value.stride(1), value.stride(2), D, static_cast<float>(scale));
       }
     });
     return out;
   }
   const auto attend_row = use_avx2() ? attend_avx2 : attend;
-  if (use_avx2()) count_avx2_call();
   at::parallel_for(0, B * Q * H, 1, [&](int64_t a, int64_t b) {
     std::vector<float> scores(L);
     for (int64_t t = a; t < b; ++t) {
