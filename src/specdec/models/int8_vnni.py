@@ -16,7 +16,7 @@ own to round(x * (1 / max|x|) * 127), exact int32 accumulation, output scaled el
 ``(float(acc) * (w_scale / 127)) * row_scale + bias``. A row's output depends on its own input row only, so
 the int8 model stays block-invariant (tests/test_quantize.py, tests/test_int8_vnni.py).
 
-The extension is compiled on first use (about 40 s, once per machine; torch's extension cache keeps it,
+The extension is compiled on first use (about 40-80 s, once per machine, announced on stderr; torch's extension cache keeps it,
 keyed by the source's hash) with the C++ compiler torch's extensions use. Without a compiler, or on a CPU
 with neither AVX-512 VNNI nor AVX2, the kernel is unavailable and :func:`specdec.models.int8_kernels.chosen` falls
 back to fbgemm, saying why.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -82,6 +83,14 @@ def _name() -> str:
     return f"specdec_int8_vnni_{digest}"
 
 
+def _built(cpp_extension, name: str) -> bool:
+    """Whether torch's extension cache holds the built ``name`` (True where that cannot be told: no message)."""
+    try:
+        return (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").exists()
+    except Exception:  # (a private torch helper: another torch may lack it)
+        return True
+
+
 def extension():
     """The compiled extension (built on the first call of the machine, then loaded from torch's cache)."""
     global _extension, _failure
@@ -97,6 +106,9 @@ def extension():
                 raise SpecDecError(_failure)
             from torch.utils import cpp_extension
 
+            if not _built(cpp_extension, _name()):  # the one wait of a new machine: say what it is
+                print("specdec: building the CPU kernels once for this machine (about a minute; later runs load them)",
+                      file=sys.stderr, flush=True)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
