@@ -16,8 +16,8 @@ own to round(x * (1 / max|x|) * 127), exact int32 accumulation, output scaled el
 ``(float(acc) * (w_scale / 127)) * row_scale + bias``. A row's output depends on its own input row only, so
 the int8 model stays block-invariant (tests/test_quantize.py, tests/test_int8_vnni.py).
 
-The extension is compiled on first use (about 40-80 s, once per machine, announced on stderr; torch's extension cache keeps it,
-keyed by the source's hash) with the C++ compiler torch's extensions use. Without a compiler, or on a CPU
+The extension is compiled on first use (about 40-80 s, once per machine, announced on stderr; torch's extension
+cache keeps it, keyed by the source's hash) with the C++ compiler torch's extensions use. Without a compiler, or on a CPU
 with neither AVX-512 VNNI nor AVX2, the kernel is unavailable and :func:`specdec.models.int8_kernels.chosen` falls
 back to fbgemm, saying why.
 """
