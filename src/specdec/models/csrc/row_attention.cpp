@@ -59,7 +59,8 @@ inline __m512 dots16(const float* q, const float* k, int64_t k_stride, int64_t D
   for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t i = 0; i < D; i += 16) {
     const __m512 qi = _mm512_loadu_ps(q + i);
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(qi, _mm512_loadu_ps(k + j * k_stride + i)));
+    for (int j = 0; j < 16; ++j)
+      acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(qi, _mm512_loadu_ps(k + j * k_stride + i)));
   }
   __m512 t3[8], t6[4], t8[2];
   for (int p = 0; p < 8; ++p)  // lanes 0-7: key 2p's l + (l + 8); 8-15: key 2p + 1's
@@ -72,7 +73,7 @@ inline __m512 dots16(const float* q, const float* k, int64_t k_stride, int64_t D
     t8[s] = _mm512_add_ps(_mm512_shuffle_ps(t6[2 * s], t6[2 * s + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                           _mm512_shuffle_ps(t6[2 * s], t6[2 * s + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(t8[0], t8[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                    _mm512_shuffle_ps(t8[0], t8[1], _MM_SHUFFLE(3, 1, 3, 1)));  // lane 4c + e: key 4e + c
+                                    _mm512_shuffle_ps(t8[0], t8[1], _MM_SHUFFLE(3, 1, 3, 1)));  // lane 4c + e: key 4e+c
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
 }
 
@@ -164,19 +165,21 @@ void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k_stride
         const float w = r.scores[j - r.lo];
         if (w == 0.0f) continue;
         const __m512 vw = _mm512_set1_ps(w);
-        for (int i = 0; i < NV; ++i) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(vw, _mm512_loadu_ps(v + j * v_stride + 16 * i)));
+        for (int i = 0; i < NV; ++i)
+          acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(vw, _mm512_loadu_ps(v + j * v_stride + 16 * i)));
       }
       for (int i = 0; i < NV; ++i) _mm512_storeu_ps(r.out + 16 * i, acc[i]);
     }
   for (int64_t p = 0; p < n; ++p)
     if (inv[p] >= 0.0f)
       for (int i = 0; i < NV; ++i)
-        _mm512_storeu_ps(pairs[p].out + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(pairs[p].out + 16 * i), _mm512_set1_ps(inv[p])));
+        _mm512_storeu_ps(pairs[p].out + 16 * i,
+                         _mm512_mul_ps(_mm512_loadu_ps(pairs[p].out + 16 * i), _mm512_set1_ps(inv[p])));
 }
 
 }  // namespace
 
-// The AVX2 path (avx2_kernels.cpp): the same bits where the CPU has no AVX-512.
+// The AVX2 path (avx2_attention.cpp): the same bits where the CPU has no AVX-512.
 bool use_avx2();
 void count_avx2_call();
 void attend_avx2(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L,
