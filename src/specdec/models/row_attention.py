@@ -41,15 +41,11 @@ from contextvars import ContextVar
 from typing import Any, Iterator, Sequence
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specdec.errors import SpecDecError
 
-try:
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-except ImportError:  # pragma: no cover - an older transformers layout
-    AttentionMaskInterface = None
+# (transformers' attention and mask registries, its SDPA attention and mask are imported where used: they bring in
+# its modeling code, seconds of import that ``import specdec`` need not pay before a model is loaded)
 
 NAME = "specdec_rows"  # the attention implementation of the int8 models
 
@@ -126,6 +122,8 @@ def _prefill(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
     if window and q > window:
         i = torch.arange(q, device=query.device)
         mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window))[None, None]  # [1, 1, q, q]
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     kwargs = {k: v for k, v in kwargs.items() if k != "is_causal"}
     return sdpa_attention_forward(module, query, key, value, mask, is_causal=mask is None, **kwargs)[0]
 
@@ -216,11 +214,21 @@ def skip_plain_causal_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     padding = kwargs.get("attention_mask")
     if kwargs.get("allow_is_causal_skip", True) and (padding is None or bool(padding.all())):
         return None
+    from transformers.masking_utils import sdpa_mask
+
     return sdpa_mask(*args, **kwargs)
 
 
-AttentionInterface.register(NAME, row_attention)
-if AttentionMaskInterface is not None:
+def _register() -> None:
+    """:data:`NAME` in transformers' attention (and mask) registries: what ``set_attn_implementation(NAME)`` looks
+    up (idempotent: each call sets the same entries)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, row_attention)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:  # pragma: no cover - an older transformers layout
+        return
     AttentionMaskInterface.register(NAME, skip_plain_causal_mask)
 
 
@@ -237,4 +245,5 @@ def use_row_attention(hf_model: Any) -> None:
         kernel = int8_vnni.extension()
     for module in hf_model.modules():
         object.__setattr__(module, KERNEL_ATTRIBUTE, kernel)
+    _register()
     hf_model.set_attn_implementation(NAME)
