@@ -86,6 +86,11 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
         assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
         patch.setattr(int8_vnni, "cpu_supported", lambda: True)
         assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int4@65536<-prompt-lookup"
+    # and --help says so: both CPU defaults, as the CLI picks them
+    draft_help = next(a.help for a in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
+                      if a.dest == "draft")
+    assert ("qwen2.5-coder-0.5b:int4@65536<-prompt-lookup where it has AVX-512 VNNI or AVX2, else "
+            "qwen2.5-coder-0.5b:int8<-prompt-lookup") in draft_help
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
     assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"  # the batch engine drafts with one model
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"

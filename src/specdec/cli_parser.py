@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 
-from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA
+from specdec.config import (
+    DEFAULT_DRAFT,
+    DEFAULT_DRAFT_INNER_CPU,
+    DEFAULT_DRAFT_QUANTIZE_CPU,
+    DEFAULT_DRAFT_QUANTIZE_VNNI,
+    DEFAULT_DRAFT_VOCABULARY_VNNI,
+    DEFAULT_TARGET,
+    INT8_DRAFT_GAMMA,
+)
 
 SERVED_POSITIONS = 4096  # the served caches' capacity (specdec serve --max-positions)
 SERVED_BATCH_CPU = 8  # specdec serve --max-batch on CPU (docs/serving.md: the load test)
@@ -22,8 +30,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
                         ":int8, :int8-tensor or :int4, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
                         "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
-                        "decoding (default: qwen2.5-coder-0.5b:int8<-prompt-lookup on CPU, qwen2.5-coder-0.5b on CUDA)")
-    p.add_argument("--dtype", default=None, help="model dtype: bf16 (default, fast on CPU) or fp32 (exact comparisons)")
+                        f"decoding (default on CPU: {DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_VNNI}@{DEFAULT_DRAFT_VOCABULARY_VNNI}"
+                        f"<-{DEFAULT_DRAFT_INNER_CPU} where it has AVX-512 VNNI or AVX2, else "
+                        f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}<-{DEFAULT_DRAFT_INNER_CPU}; {DEFAULT_DRAFT} on CUDA)")
+    p.add_argument("--dtype", default=None,
+                   help="model dtype of float models: bf16 (default) or fp32 (exact comparisons); asking one keeps the "
+                        "packaged target in that dtype instead of the CPU's quantized default (--quantize)")
     p.add_argument("--draft-quantize", default=None, metavar="METHOD",
                    help="int8, int8-tensor or int4 for every model level of --draft that names no quantization of its own "
                         "(the same as writing :METHOD after it); never changes the output")
