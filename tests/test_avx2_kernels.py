@@ -91,3 +91,25 @@ def test_the_process_runs_the_avx2_code_where_asked(monkeypatch):
     assert int8_vnni.kernel_isa() == "avx2"
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     assert int8_vnni.kernel_isa() == "avx512" and not int8_vnni.extension().uses_avx2()
+
+
+def test_the_row_attention_of_empty_and_long_passes(both):
+    """No rows, or no batch, give an empty output (not a crash); a long pass (a masked prefill: 100 rows of 12 heads
+    over 2 key/value heads) is split into many chunks of pairs, with the same bits on both paths and each row's bits
+    alone."""
+    ext = int8_vnni.extension()
+    for b, q in ((1, 0), (0, 3)):
+        out = ext.row_attention(torch.zeros(b, 8, q, 64), torch.zeros(b, 2, 5, 64), torch.zeros(b, 2, 5, 64),
+                                torch.zeros(b, q, dtype=torch.long), torch.zeros(b, q, dtype=torch.long), None, 0.125)
+        assert out.shape == (b, q, 8, 64)
+    torch.manual_seed(0)
+    q, length, d = 100, 130, 128
+    query, key, value = torch.randn(1, 12, q, d), torch.randn(1, 2, length, d), torch.randn(1, 2, length, d)
+    ends = torch.arange(length - q + 1, length + 1)[None]
+    starts, mask = torch.zeros_like(ends), torch.rand(1, q, length) > 0.2
+    avx512, avx2 = both(lambda: ext.row_attention(query, key, value, starts, ends, mask, d ** -0.5))
+    assert torch.equal(avx512, avx2)
+    for i in (0, 57, 99):
+        alone = ext.row_attention(query[:, :, i:i + 1], key, value, starts[:, i:i + 1], ends[:, i:i + 1],
+                                  mask[:, i:i + 1], d ** -0.5)
+        assert torch.equal(alone[0, 0], avx512[0, i])

@@ -8,7 +8,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
+
+// The most (row, head) pairs one task of the grouped attention takes (its score lines: PAIRS_PER_TASK x keys).
+constexpr int64_t PAIRS_PER_TASK = 32;
 
 // ---- Row attention: one query row over its keys, the arithmetic fixed here (float32) ----
 //
@@ -198,7 +202,7 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "query [B, H, Q, D], key/value [B, H_kv, L, D]");
   const auto q = query.contiguous();
   const int64_t B = q.size(0), H = q.size(1), Q = q.size(2), D = q.size(3), Hkv = key.size(1), L = key.size(2);
-  TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1 && H % Hkv == 0 && key.size(3) == D,
+  TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1 && Hkv > 0 && H % Hkv == 0 && key.size(3) == D,
               "key/value: [B, H_kv, L, D] with a contiguous last dimension");
   const auto st = starts.to(torch::kInt64).contiguous(), en = ends.to(torch::kInt64).contiguous();
   TORCH_CHECK(st.numel() == B * Q && en.numel() == B * Q, "starts/ends: [B, Q]");
@@ -221,14 +225,18 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
                                        : D == 64 ? attend_pairs<4> : D == 128 ? attend_pairs<8>
                                        : D == 256 ? attend_pairs<16> : nullptr;
   if (use_avx2()) count_avx2_call();
+  if (B * Q * H == 0) return out;  // nothing to attend (and no chunks to split)
   if (pairs_fn) {
+    // chunks of at most PAIRS_PER_TASK pairs (a long masked pass, a prefill, would otherwise give a task Q * group
+    // score lines), and at least as many tasks as threads
     const int64_t per = Q * group, units = B * Hkv;
-    const int64_t chunks = std::min<int64_t>(per, (at::get_num_threads() + units - 1) / units);
+    const int64_t chunks = std::min<int64_t>(per, std::max<int64_t>((per + PAIRS_PER_TASK - 1) / PAIRS_PER_TASK,
+                                                                    (at::get_num_threads() + units - 1) / units));
     const int64_t size = (per + chunks - 1) / chunks;
     const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() : nullptr;
     const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() : nullptr;
     at::parallel_for(0, units * chunks, 1, [&](int64_t a, int64_t b) {
-      std::vector<float> scores(size * L);
+      std::unique_ptr<float[]> scores(new float[size * L]);  // (each pair writes its line before reading it)
       std::vector<Pair> pairs(size);
       for (int64_t t = a; t < b; ++t) {
         const int64_t bi = t / (Hkv * chunks), g = (t / chunks) % Hkv, c = t % chunks;
@@ -236,7 +244,7 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
         for (int64_t idx = c * size; idx < std::min(per, (c + 1) * size); ++idx, ++n) {
           const int64_t i = idx / group, h = g * group + idx % group, row = bi * Q + i;
           const int64_t lo = std::max<int64_t>(0, sp[row]), hi = std::min<int64_t>(L, ep[row]);
-          pairs[n] = {qp + ((bi * H + h) * Q + i) * D, op + (row * H + h) * D, scores.data() + n * L,
+          pairs[n] = {qp + ((bi * H + h) * Q + i) * D, op + (row * H + h) * D, scores.get() + n * L,
                       mb ? mb + row * L + lo : nullptr, ma ? ma + row * L + lo : nullptr, lo, hi};
         }
         pairs_fn(pairs.data(), n, kp + bi * key.stride(0) + g * key.stride(1), key.stride(2),
