@@ -1,4 +1,4 @@
-// The row attention's unit of work (row_attention.cpp, avx2_kernels.cpp): the query rows and heads that share one
+// The row attention's unit of work (row_attention.cpp, avx2_attention.cpp): the query rows and heads that share one
 // key/value head, taken together so each block of keys and values is read from memory once.
 #pragma once
 #include <algorithm>

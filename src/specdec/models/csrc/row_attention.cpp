@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 // The most (row, head) pairs one task of the grouped attention takes (its score lines: PAIRS_PER_TASK x keys).
@@ -220,6 +221,12 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
   const int64_t* ep = en.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t group = H / Hkv;
+  const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() : nullptr;
+  const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() : nullptr;
+  // row r's keys [lo, hi): its span clipped to the key tensor
+  const auto span = [&](int64_t r) {
+    return std::make_pair(std::max<int64_t>(0, sp[r]), std::min<int64_t>(L, ep[r]));
+  };
   // the pairs (row, head) of each key/value head and batch row together, split in chunks so every thread has work
   const PairsFn pairs_fn = use_avx2() ? (D % 64 == 0 ? attend_pairs_avx2 : nullptr)
                                        : D == 64 ? attend_pairs<4> : D == 128 ? attend_pairs<8>
@@ -233,8 +240,6 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
     const int64_t chunks = std::min<int64_t>(per, std::max<int64_t>((per + PAIRS_PER_TASK - 1) / PAIRS_PER_TASK,
                                                                     (at::get_num_threads() + units - 1) / units));
     const int64_t size = (per + chunks - 1) / chunks;
-    const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() : nullptr;
-    const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() : nullptr;
     at::parallel_for(0, units * chunks, 1, [&](int64_t a, int64_t b) {
       std::unique_ptr<float[]> scores(new float[size * L]);  // (each pair writes its line before reading it)
       std::vector<Pair> pairs(size);
@@ -243,7 +248,7 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
         int64_t n = 0;
         for (int64_t idx = c * size; idx < std::min(per, (c + 1) * size); ++idx, ++n) {
           const int64_t i = idx / group, h = g * group + idx % group, row = bi * Q + i;
-          const int64_t lo = std::max<int64_t>(0, sp[row]), hi = std::min<int64_t>(L, ep[row]);
+          const auto [lo, hi] = span(row);
           pairs[n] = {qp + ((bi * H + h) * Q + i) * D, op + (row * H + h) * D, scores.get() + n * L,
                       mb ? mb + row * L + lo : nullptr, ma ? ma + row * L + lo : nullptr, lo, hi};
         }
@@ -259,17 +264,16 @@ torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key
     for (int64_t t = a; t < b; ++t) {
       const int64_t bi = t / (Q * H), i = (t / H) % Q, h = t % H, g = h / group;
       const int64_t row = bi * Q + i;
-      const int64_t lo = std::max<int64_t>(0, sp[row]), hi = std::min<int64_t>(L, ep[row]);
+      const auto [lo, hi] = span(row);
       float* o = op + (row * H + h) * D;
       if (hi <= lo) {
         for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
         continue;
       }
-      const bool* mb = (m && m->scalar_type() == torch::kBool) ? m->data_ptr<bool>() + row * L + lo : nullptr;
-      const float* ma = (m && m->scalar_type() == torch::kFloat32) ? m->data_ptr<float>() + row * L + lo : nullptr;
       attend_row(qp + ((bi * H + h) * Q + i) * D, kp + bi * key.stride(0) + g * key.stride(1) + lo * key.stride(2),
              key.stride(2), vp + bi * value.stride(0) + g * value.stride(1) + lo * value.stride(2), value.stride(2),
-             hi - lo, D, static_cast<float>(scale), mb, ma, scores.data(), o);
+             hi - lo, D, static_cast<float>(scale), mb ? mb + row * L + lo : nullptr,
+             ma ? ma + row * L + lo : nullptr, scores.data(), o);
     }
   });
   return out;
