@@ -482,8 +482,9 @@ def test_a_tokenizer_built_in_python_is_stored_once_as_its_backend(tmp_path, mon
     assert type(first).__name__ == "Qwen2Tokenizer" and (folder / BACKEND_FOLDER / "tokenizer.json").is_file()
     assert loads == ["q", BACKEND_FOLDER]  # (the stored form is loaded once to check it)
     vocabulary._preset_tokenizers.clear()  # as a new process
+    loads.clear()
     again = preset_tokenizer(folder, load)
-    assert type(again).__name__ == "TokenizersBackend" and loads[-1] == BACKEND_FOLDER
+    assert type(again).__name__ == "TokenizersBackend" and loads == []  # (read as AutoTokenizer would, without it)
     decomposed = "e\u0301ab cab\u00e9"  # NFC turns e + combining acute into é
     for text in (decomposed, "abab e", "<|endoftext|>ab"):
         assert again(text).input_ids == first(text).input_ids and again.decode(again(text).input_ids) == first.decode(

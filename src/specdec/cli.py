@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Sequence
 
-from specdec.cli_models import check_models, draft_label, draft_spec, load_models, target_quantization
+from specdec.cli_models import check_models, draft_label, draft_spec, load_models, native_models, target_quantization
 from specdec.cli_parser import SERVED_BATCH_CPU, SERVED_POSITIONS, build_parser
 from specdec.cli_serve import batch_engine, load_served, prepare_served_steps, serve_command
 
@@ -89,9 +89,10 @@ def _generate(args: argparse.Namespace) -> int:
     check_models(args)  # everything is checked before the first model loads
     from specdec.models import check_prompt
 
-    tokenizer = check_prompt(args.target, prompt, chat=args.chat)  # the target loads with it (not read twice)
-    started = time.perf_counter()
-    target, draft = load_models(args, tokenizer)
+    with native_models(args):
+        tokenizer = check_prompt(args.target, prompt, chat=args.chat)  # the target loads with it (not read twice)
+        started = time.perf_counter()
+        target, draft = load_models(args, tokenizer)
     if args.verbose:
         _print_load(target, draft, time.perf_counter() - started)
     if args.json:

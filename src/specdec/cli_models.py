@@ -85,6 +85,17 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     return target, draft
 
 
+def native_models(args: argparse.Namespace):
+    """Around ``specdec generate``'s loads: its stored int8 / int4 presets load into specdec's own model of their
+    architecture (:mod:`specdec.models.native`: the same bits, without the seconds that importing transformers'
+    model code takes) where the generation is one sequence (not a beam search, which batches its beams)."""
+    import contextlib
+
+    from specdec.models import native
+
+    return native.skeletons() if (getattr(args, "num_beams", None) or 1) == 1 else contextlib.nullcontext()
+
+
 def draft_label(draft) -> str:
     if draft is None:
         return "none"

@@ -23,7 +23,7 @@ from specdec.models.interface import Model
 from specdec.models.checks import (
     LLAMA_CPP, check_load, check_prompt, check_quantize, load_dtype, parse_dtype, preset_names, source_kind,
 )
-from specdec.models.vocabulary import check_same_vocabulary, preset_tokenizer, same_vocabulary
+from specdec.models.vocabulary import auto_tokenizer, check_same_vocabulary, preset_tokenizer, same_vocabulary
 
 __all__ = ["load", "Model", "LanguageModel", "parse_dtype", "load_dtype", "check_load", "check_prompt", "source_kind", "check_same_device",
            "check_same_vocabulary", "same_vocabulary"]
@@ -153,21 +153,17 @@ def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: st
 
         check_method(quantize)
         folder = resolve_preset(preset, variant=quantize)
-        from transformers import AutoTokenizer
-
         wrapped = _wrap(load_quantized(folder, folder / VARIANTS[quantize], quantize),
-                        preset_tokenizer(folder, AutoTokenizer.from_pretrained), name, None, engine,
+                        preset_tokenizer(folder, auto_tokenizer), name, None, engine,
                         cuda_graphs, compile)
         mark_quantized(wrapped, quantize)  # (CPU only: load() refused quantize on another device)
     else:
-        from transformers import AutoTokenizer
-
         from specdec.models.checkpoint import load_dense
 
         variant = "bf16" if dtype == torch.bfloat16 else "fp32"
         folder = resolve_preset(preset, variant=variant)
         model = load_dense(folder, folder / VARIANTS[variant], dtype)  # in process memory, not mapped
-        tokenizer = preset_tokenizer(folder, AutoTokenizer.from_pretrained)
+        tokenizer = preset_tokenizer(folder, auto_tokenizer)
         wrapped = _wrap(model.to(device), tokenizer, name, None, engine, cuda_graphs, compile)
     wrapped.load_seconds = time.perf_counter() - started  # conversion included on first use
     return wrapped

@@ -14,7 +14,7 @@ import torch
 
 from specdec.devices import resolve_device
 from specdec.errors import SpecDecError
-from specdec.models.vocabulary import preset_tokenizer
+from specdec.models.vocabulary import auto_tokenizer, preset_tokenizer
 
 _DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -111,13 +111,17 @@ def check_prompt(source: str | os.PathLike, prompt: str, *, chat: bool = False) 
         folder = Path(str(source)).expanduser() if kind == "folder" else None
     if folder is None:
         return None
-    from transformers import AutoConfig, AutoTokenizer
+    from specdec.models import native
 
-    config = AutoConfig.from_pretrained(folder)
+    if kind == "preset" and native.wanted():  # (`specdec generate`: its config without transformers' auto classes)
+        config = native.read_config(folder)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(folder)
     if getattr(config, "is_encoder_decoder", False):
         return None  # the seq2seq backend has its own context rules and refuses chat itself
-    tokenizer = (preset_tokenizer(folder, AutoTokenizer.from_pretrained) if kind == "preset"
-                 else AutoTokenizer.from_pretrained(folder))
+    tokenizer = preset_tokenizer(folder, auto_tokenizer) if kind == "preset" else auto_tokenizer(folder)
     check_prompt_fits(len(encode_text(tokenizer, prompt, chat, str(source))), context_length(config), str(source))
     return tokenizer
 

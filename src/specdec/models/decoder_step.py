@@ -28,8 +28,10 @@ from specdec.models.int8_vnni import VnniWeight
 from specdec.models.kv_cache import PreallocatedLayer
 
 #: The decoder layers, norms and activation this step reproduces (transformers' classes of the plain Llama form).
-LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer")
-NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")
+LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer", "NativeDecoderLayer")  # (the last: specdec.models.native's)
+NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm", "NativeRMSNorm")
+ATTENTIONS = lean_attention.SUPPORTED + ("NativeAttention",)
+MLPS = lean_attention.SUPPORTED_MLPS + ("NativeMLP",)
 ACTIVATIONS = ("SiLUActivation", "SiLU")  # (both are F.silu)
 
 _ATTRIBUTE = "_specdec_decoder_step"  # on the decoder stack (shared by a model's copies): the step, or False
@@ -78,7 +80,7 @@ def _build(hf_model: Any) -> Any:
         attn, mlp = layer.self_attn, layer.mlp
         if (type(layer).__name__ not in LAYERS or type(layer.input_layernorm).__name__ not in NORMS
                 or type(layer.post_attention_layernorm).__name__ not in NORMS
-                or _base_name(attn) not in lean_attention.SUPPORTED or _base_name(mlp) not in lean_attention.SUPPORTED_MLPS
+                or _base_name(attn) not in ATTENTIONS or _base_name(mlp) not in MLPS
                 or type(getattr(mlp, "act_fn", None)).__name__ not in ACTIVATIONS
                 or getattr(attn, "sliding_window", None) or not hasattr(mlp, "gate_proj")):
             return None

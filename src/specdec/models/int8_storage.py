@@ -193,7 +193,11 @@ def load_quantized(folder, path, method: str):
                 stored[base] = _read_int4(f, base, *tables[base])
             else:
                 rest[key] = f.get_tensor(key)
-    hf = empty_model(folder, torch.float32)
+    from specdec.models import native
+
+    hf = native.model_for(folder) if native.wanted() else None
+    if hf is None:
+        hf = empty_model(folder, torch.float32)
     put_layers(hf, linears)
     from specdec.models.block_embedding import stored_embedding
 

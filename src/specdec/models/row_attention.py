@@ -245,5 +245,6 @@ def use_row_attention(hf_model: Any) -> None:
         kernel = int8_vnni.extension()
     for module in hf_model.modules():
         object.__setattr__(module, KERNEL_ATTRIBUTE, kernel)
-    _register()
+    if not getattr(hf_model, "native", False):  # (specdec.models.native's model calls row_attention itself)
+        _register()
     hf_model.set_attn_implementation(NAME)

@@ -97,9 +97,22 @@ def _stored_backend(folder: Path, source: dict, load_tokenizer: Any) -> Any:
     try:
         if json.loads((stored / _SOURCE_FILE).read_text(encoding="utf-8")) != source:
             return None
+        if json.loads((stored / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class") == \
+                "TokenizersBackend":  # what AutoTokenizer would pick, without importing its table of every model's
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend  # classes (0.3 s a process)
+
+            return TokenizersBackend.from_pretrained(stored)
         return load_tokenizer(stored)
     except (OSError, ValueError):  # (none, or another process replacing it just now: load as before)
         return None
+
+
+def auto_tokenizer(folder: Path) -> Any:
+    """``AutoTokenizer.from_pretrained(folder)``, transformers' auto classes imported only when called (the
+    loader to give :func:`preset_tokenizer`: a stored backend does not need them)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def _same_tokenizer(a: Any, b: Any) -> bool:

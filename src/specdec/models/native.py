@@ -1,0 +1,278 @@
+"""A Qwen2 / Llama-form causal LM for one sequence, built without transformers' modeling code: the same bits.
+
+Importing transformers' modeling code (``modeling_utils`` and the model's module) takes about 1.9 s of a one-shot
+``specdec generate`` on the AVX-512 EPYC, a third of its start-up, paid on every run; llama.cpp's own one-shot pays
+nothing like it. For a stored int8 / int4 preset on specdec's vnni kernels (the CPU default) the model needs little
+of that code: its cached passes run through the decoder step (:mod:`specdec.models.decoder_step`), its attention is
+specdec's row attention. This module builds the same module tree from the preset's config (transformers' attribute
+names: ``model.embed_tokens``, ``model.layers[i].self_attn.q_proj`` .. ``mlp.down_proj``, the two norms,
+``model.norm``, ``model.rotary_emb``, ``lm_head``), which :func:`specdec.models.int8_storage.load_quantized` fills with
+the same layers and tensors it would put into transformers' model, and runs a pass with transformers' operations in
+transformers' order (RMSNorm, the default rotary table, the lean attention's calls, SDPA's causal prefill through
+transformers' own ``sdpa_attention_forward``): the logits are transformers' bit for bit
+(tests/test_native_model.py), so a generation is the same tokens either way.
+
+It runs one sequence on specdec's dynamic cache, without a mask: what ``specdec generate`` does (the CLI asks for it
+with :func:`skeletons` around its loads). Batches, beams and the static engine need transformers' model: a pass of
+theirs is refused with an error that says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from specdec.errors import SpecDecError
+
+#: The model types built here (config.model_type): the plain pre-norm decoder with SiLU gated MLPs.
+MODEL_TYPES = ("qwen2", "llama")
+
+_WANTED: ContextVar[bool] = ContextVar("specdec_native_skeletons", default=False)
+
+
+@contextlib.contextmanager
+def skeletons() -> Iterator[None]:
+    """Inside: a stored int8 / int4 preset whose architecture :func:`supported` accepts loads into this module's
+    model (one sequence at a time), not transformers'."""
+    token = _WANTED.set(True)
+    try:
+        yield
+    finally:
+        _WANTED.reset(token)
+
+
+def wanted() -> bool:
+    return _WANTED.get()
+
+
+def supported(config: Any) -> bool:
+    """Whether ``config`` describes a model this module builds with transformers' arithmetic: a Qwen2 or Llama
+    causal LM with SiLU MLPs, the default rotary embedding, every layer full attention."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return (getattr(config, "model_type", None) in MODEL_TYPES
+            and getattr(config, "hidden_act", None) == "silu"
+            and rope.get("rope_type", "default") == "default" and "rope_theta" in rope
+            and not getattr(config, "is_encoder_decoder", False)
+            and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"]))
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> nn.Linear:
+    """A linear layer without memory (specdec.models.int8_fusion.put_layers replaces it, or checkpoint.fill fills it).
+    Not initialized: torch's random initialization of a meta tensor imports torch._dynamo (1.5 s)."""
+    layer = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(layer)
+    layer.in_features, layer.out_features = n_in, n_out
+    layer.weight = nn.Parameter(torch.empty(n_out, n_in, device="meta"), requires_grad=False)
+    layer.register_parameter("bias", nn.Parameter(torch.empty(n_out, device="meta"), requires_grad=False) if bias else None)
+    return layer
+
+
+class NativeRMSNorm(nn.Module):
+    """transformers' Qwen2RMSNorm / LlamaRMSNorm: the same operations in the same order."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, device="meta"), requires_grad=False)
+        self.variance_epsilon = eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        dtype = hidden.dtype
+        hidden = hidden.to(torch.float32)
+        variance = hidden.pow(2).mean(-1, keepdim=True)  # [..., 1]
+        hidden = hidden * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden.to(dtype)
+
+
+class NativeRotary(nn.Module):
+    """transformers' default rotary embedding: inverse frequencies 1 / theta^(2i / D), cos and sin per position."""
+
+    def __init__(self, config: Any, head_dim: int):
+        super().__init__()
+        base = config.rope_parameters["rope_theta"]
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))  # [D / 2]
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = 1.0
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)  # [B, L, D / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [B, L, D]
+        cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+class NativeAttention(nn.Module):
+    """q/k/v, rotary, cache, row attention, o: the lean attention's calls (specdec.models.lean_attention)."""
+
+    def __init__(self, config: Any, layer_idx: int, head_dim: int, qkv_bias: bool, o_bias: bool):
+        super().__init__()
+        self.config, self.layer_idx, self.head_dim = config, layer_idx, head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = head_dim ** -0.5
+        self.is_causal = True
+        self.sliding_window = None
+        hidden, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        self.q_proj = _linear(hidden, heads * head_dim, qkv_bias)
+        self.k_proj = _linear(hidden, kv * head_dim, qkv_bias)
+        self.v_proj = _linear(hidden, kv * head_dim, qkv_bias)
+        self.o_proj = _linear(heads * head_dim, hidden, o_bias)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any,
+                position_ids: torch.Tensor) -> torch.Tensor:
+        from specdec.models import row_attention
+        from specdec.models.lean_attention import _qkv
+
+        batch, width = hidden.shape[:2]
+        kernel = getattr(self, row_attention.KERNEL_ATTRIBUTE, None)  # the vnni extension (use_row_attention)
+        q, k, v = _qkv(self, hidden)  # [B, L, w] each
+        q, k = kernel.rotary(q.view(batch, width, -1, self.head_dim), k.view(batch, width, -1, self.head_dim), cos,
+                             sin)  # [B, H, L, D], [B, H_kv, L, D]
+        v = v.view(batch, width, -1, self.head_dim).transpose(1, 2)  # [B, H_kv, L, D]
+        kwargs = {"position_ids": position_ids, "use_cache": True}  # (what transformers' layers pass on)
+        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+        out, _ = row_attention.row_attention(self, q, k, v, None, dropout=0.0, scaling=self.scaling,
+                                             sliding_window=None, **kwargs)  # [B, L, H, D]
+        return self.o_proj(out.reshape(batch, width, -1).contiguous())
+
+
+class NativeMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), gate and up as one call of their fused layer where they are one."""
+
+    def __init__(self, config: Any, bias: bool):
+        super().__init__()
+        self.gate_proj = _linear(config.hidden_size, config.intermediate_size, bias)
+        self.up_proj = _linear(config.hidden_size, config.intermediate_size, bias)
+        self.down_proj = _linear(config.intermediate_size, config.hidden_size, bias)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from specdec.models.int8_fusion import fused_set
+
+        fused = fused_set([self.gate_proj, self.up_proj])
+        gate, up = fused.layer.parts(x, fused.widths) if fused is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+class NativeDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_idx: int, head_dim: int):
+        super().__init__()
+        llama = config.model_type == "llama"
+        self.self_attn = NativeAttention(config, layer_idx, head_dim, qkv_bias=getattr(config, "attention_bias", False)
+                                         if llama else True, o_bias=llama and getattr(config, "attention_bias", False))
+        self.mlp = NativeMLP(config, bias=llama and getattr(config, "mlp_bias", False))
+        self.input_layernorm = NativeRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = NativeRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any,
+                position_ids: torch.Tensor) -> torch.Tensor:
+        residual = hidden
+        hidden = residual + self.self_attn(self.input_layernorm(hidden), cos, sin, cache, position_ids)
+        residual = hidden
+        return residual + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class NativeBody(nn.Module):
+    def __init__(self, config: Any, head_dim: int):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size, device="meta"))
+        self.layers = nn.ModuleList(NativeDecoderLayer(config, i, head_dim) for i in range(config.num_hidden_layers))
+        self.norm = NativeRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = NativeRotary(config, head_dim)
+
+
+@dataclass
+class NativeOutput:
+    logits: torch.Tensor  # [1, n, V]
+
+
+class NativeCausalLM(nn.Module):
+    """The causal LM of ``config`` (see the module docstring): transformers' attribute names and the few methods of
+    its model that specdec calls, a forward for one sequence on specdec's dynamic cache."""
+
+    native = True  # (specdec.models.row_attention: no registration in transformers' registries needed)
+
+    def __init__(self, config: Any):
+        super().__init__()
+        if not supported(config):
+            raise SpecDecError(f"specdec's native model builds {', '.join(MODEL_TYPES)} models with SiLU, the default "
+                               f"rotary embedding and full attention; this config is {config.model_type!r}")
+        self.config = config
+        self.generation_config = None  # (checkpoint.fill reads the folder's)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.model = NativeBody(config, head_dim)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
+
+    # -- transformers' model methods that specdec uses ------------------------------------------
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, module: nn.Module) -> None:
+        self.model.embed_tokens = module
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, module: nn.Module) -> None:
+        self.lm_head = module
+
+    def tie_weights(self) -> None:
+        if getattr(self.config, "tie_word_embeddings", False) and isinstance(self.lm_head, nn.Linear):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def set_attn_implementation(self, name: str) -> None:
+        self.config._attn_implementation = name
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
+                logits_to_keep: int = 0, **kwargs: Any) -> NativeOutput:
+        """Logits [1, n, V] of the last ``logits_to_keep`` (0: all) of ``input_ids`` [1, k] after the positions
+        ``cache`` holds (specdec's dynamic cache; written)."""
+        from specdec.models import row_attention
+        from specdec.models.kv_cache import PreallocatedLayer
+
+        cache = cache if cache is not None else kwargs.pop("past_key_values", None)
+        if (input_ids is None or input_ids.shape[0] != 1 or attention_mask is not None or position_ids is not None
+                or not use_cache or kwargs or row_attention._BATCH_ROWS.get() is not None
+                or not all(isinstance(layer, PreallocatedLayer) for layer in getattr(cache, "layers", None) or [None])
+                or getattr(self, row_attention.KERNEL_ATTRIBUTE, None) is None):
+            raise SpecDecError("this model was loaded without transformers' model code (specdec.models.native: one "
+                               "sequence on the dynamic cache, as `specdec generate` runs it); batches, beams and the "
+                               "static engine need it: load the model with specdec.load()")
+        body, k = self.model, int(input_ids.shape[1])
+        hidden = body.embed_tokens(input_ids)  # [1, k, H]
+        position_ids = (torch.arange(k, device=hidden.device) + cache.get_seq_length())[None]  # [1, k]
+        cos, sin = body.rotary_emb(hidden, position_ids)  # [1, k, D] each
+        for layer in body.layers:
+            hidden = layer(hidden, cos, sin, cache, position_ids)  # [1, k, H]
+        hidden = body.norm(hidden)
+        return NativeOutput(self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))  # [1, n, V]
+
+
+def read_config(folder: Any) -> Any:
+    """``folder``'s config.json as transformers' generic ``PreTrainedConfig``: for a preset's config (written whole
+    by transformers at conversion) the attributes ``AutoConfig`` gives (tested), without importing the package of
+    every model's config classes (0.3-0.5 s a process)."""
+    import json
+    from pathlib import Path
+
+    from transformers import PreTrainedConfig
+
+    config = PreTrainedConfig.from_dict(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
+    config._name_or_path = str(folder)
+    return config
+
+
+def model_for(folder: Any) -> NativeCausalLM | None:
+    """The empty native model of the preset folder ``folder`` (its config), or None where this module does not
+    build it (another architecture, or linear layers not on specdec's vnni kernels: transformers' model then)."""
+    from specdec.models import int8_kernels
+
+    config = read_config(folder)
+    if not supported(config) or int8_kernels.chosen() != "vnni":
+        return None
+    return NativeCausalLM(config)

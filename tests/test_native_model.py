@@ -1,0 +1,164 @@
+"""specdec's own model of a stored int8 / int4 Qwen2 or Llama (specdec.models.native): transformers' logits bit for
+bit, its generations token for token, without importing transformers' model code; other passes refused clearly."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import specdec
+from specdec.errors import SpecDecError
+from specdec.models import decoder_step, int8_vnni, native
+from test_quantize import SEQ, steps_and_block
+from tiny import tiny_gemma3, tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
+
+
+def stored(folder, hf, method: str):
+    """``hf`` saved as a preset's quantized variant is (config.json and the quantized weights) in ``folder``."""
+    from specdec.models.int4_vnni import int4_weights
+    from specdec.models.quantize import quantized_weights, save_quantized
+
+    hf.save_pretrained(folder)
+    path = folder / f"model.{method}.safetensors"
+    weights = int4_weights(hf, free_floats=True) if method == "int4" else quantized_weights(hf, method, free_floats=True)
+    save_quantized(hf, path, method, weights=weights)
+    return path
+
+
+def loaded(folder, path, method: str, own: bool) -> specdec.LanguageModel:
+    """The stored model as specdec.load loads a preset's quantized variant: into specdec's model or transformers'."""
+    from specdec.models import _wrap
+    from specdec.models.quantize import load_quantized, mark_quantized
+
+    with native.skeletons() if own else _nothing():
+        hf = load_quantized(folder, path, method)
+    model = _wrap(hf, tiny_tokenizer(), "tiny", None)
+    mark_quantized(model, method)
+    return model
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def both(tmp_path, hf, method):
+    path = stored(tmp_path, hf, method)
+    ours, theirs = loaded(tmp_path, path, method, True), loaded(tmp_path, path, method, False)
+    assert type(ours.hf_model) is native.NativeCausalLM and type(theirs.hf_model) is not native.NativeCausalLM
+    return ours, theirs
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_the_native_model_gives_transformers_bits(tmp_path, kind, method):
+    ours, theirs = both(tmp_path, tiny_model(kind, eos=None, hidden=128), method)
+    assert decoder_step.decoder_step(ours.hf_model) is not None  # its cached passes: one extension call
+    for prefix, k in ((9, 5), (1, 3), (20, 8)):  # a prefill, a block after a rolled-back detour, one-token steps
+        mine = steps_and_block(ours, SEQ, prefix, k)
+        assert all(torch.equal(a, b) for a, b in zip(mine, steps_and_block(theirs, SEQ, prefix, k)))
+    decoder_step.set_enabled(ours.hf_model, False)  # every pass through the native forward
+    assert all(torch.equal(a, b) for a, b in zip(steps_and_block(ours, SEQ, 9, 5), steps_and_block(theirs, SEQ, 9, 5)))
+
+
+def test_biases_in_every_projection_give_transformers_bits(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+                                      max_position_embeddings=256, bos_token_id=1, eos_token_id=None)).eval()
+    with torch.no_grad():
+        for module in hf.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(0, 0.5)
+    ours, theirs = both(tmp_path, hf, "int8")
+    assert ours.hf_model.model.layers[0].self_attn.o_proj.bias is not None
+    assert all(torch.equal(a, b) for a, b in zip(steps_and_block(ours, SEQ, 9, 5), steps_and_block(theirs, SEQ, 9, 5)))
+
+
+def test_generations_are_transformers_tokens(tmp_path):
+    target_hf, draft_hf = tiny_model("qwen2", eos=None, hidden=128), tiny_model("qwen2", eos=None, hidden=128, seed=5)
+    (tmp_path / "t").mkdir(), (tmp_path / "d").mkdir()
+    target, target_hf_loaded = both(tmp_path / "t", target_hf, "int4")
+    draft, draft_hf_loaded = both(tmp_path / "d", draft_hf, "int8")
+    config = specdec.GenerationConfig(gamma=3, max_new_tokens=30, temperature=0.8, seed=7)
+    ours = specdec.generate(target, SEQ[:9], draft=draft, config=config)
+    theirs = specdec.generate(target_hf_loaded, SEQ[:9], draft=draft_hf_loaded, config=config)
+    plain = specdec.generate(target, SEQ[:9], max_new_tokens=30)
+    assert ours.token_ids == theirs.token_ids and len(ours.token_ids) == 30
+    assert specdec.generate(target, SEQ[:9], draft=draft, gamma=3, max_new_tokens=30).token_ids == plain.token_ids
+
+
+def test_batches_beams_and_the_static_engine_are_refused(tmp_path):
+    ours, _ = both(tmp_path, tiny_model("qwen2", eos=None, hidden=128), "int8")
+    with pytest.raises(SpecDecError, match="loaded without transformers' model code.*load the model with specdec.load"):
+        specdec.generate_batch(ours, [SEQ[:5], SEQ[:8]], max_new_tokens=4)
+    ours.configure("static")
+    with pytest.raises(SpecDecError, match="batches, beams and the static engine need it"):
+        specdec.generate(ours, SEQ[:5], max_new_tokens=4)
+
+
+def test_other_models_load_into_transformers(tmp_path):
+    gemma = tiny_gemma3(eos=None).hf_model.float()
+    assert not native.supported(gemma.config)  # q/k norms, sliding windows: not this module's arithmetic
+    gemma.save_pretrained(tmp_path)
+    assert native.model_for(tmp_path) is None
+    llama3 = copy.deepcopy(tiny_model("llama").config)
+    llama3.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    assert native.supported(tiny_model("llama").config) and not native.supported(llama3)
+    with pytest.raises(SpecDecError, match="specdec's native model builds qwen2, llama"):
+        native.NativeCausalLM(gemma.config)
+
+
+def test_the_cli_generates_with_the_native_model_without_transformers_model_code():
+    """The one-shot command: the packaged 0.5B in int4 as target, plain decoding; transformers' modeling code is never
+    imported, and the tokens are those of the model loaded into transformers."""
+    from specdec.models.presets import converted_folder
+
+    if converted_folder("qwen2.5-coder-0.5b") is None:
+        pytest.skip("the 0.5B preset is not converted on this machine (make setup converts it)")
+    script = ("import sys, json\nfrom specdec.cli import main\n"
+              "main(['generate', 'def fib(n):', '--target', 'qwen2.5-coder-0.5b', '--quantize', 'int4', '--draft', "
+              "'none', '--max-new-tokens', '12', '--json'])\n"
+              "print([m for m in ('transformers.modeling_utils', 'transformers.models.qwen2.modeling_qwen2') "
+              "if m in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out, modules = done.stdout.rsplit("\n", 2)[0], done.stdout.rsplit("\n", 2)[1]
+    assert modules == "[]"
+    import json
+
+    tokens = json.loads(out)["token_ids"]
+    reference = specdec.generate(specdec.load("qwen2.5-coder-0.5b", quantize="int4"), "def fib(n):", max_new_tokens=12)
+    assert tokens == reference.token_ids
+
+
+def test_a_stored_config_reads_as_autoconfig_reads_it(tmp_path):
+    """read_config (transformers' generic config, no model packages imported) gives the attributes AutoConfig's
+    model-specific class gives, for the tiny models' configs and every preset converted on this machine."""
+    from transformers import AutoConfig
+
+    from specdec.models.presets import PRESETS, converted_folder
+
+    folders = []
+    for kind in ("qwen2", "llama"):
+        (tmp_path / kind).mkdir()
+        tiny_model(kind).save_pretrained(tmp_path / kind)
+        folders.append(tmp_path / kind)
+    folders += [f for f in (converted_folder(name) for name in PRESETS) if f is not None]
+    for folder in folders:
+        ours, theirs = native.read_config(folder), AutoConfig.from_pretrained(folder)
+        differ = [k for k in theirs.to_dict() if k != "use_cache" and getattr(ours, k, None) != getattr(theirs, k, None)]
+        assert differ == [], folder
+        assert native.supported(ours) == native.supported(theirs)
