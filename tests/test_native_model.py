@@ -130,13 +130,13 @@ def test_the_cli_generates_with_the_native_model_without_transformers_model_code
         pytest.skip("the 0.5B preset is not converted on this machine (make setup converts it)")
     script = ("import sys, json\nfrom specdec.cli import main\n"
               "main(['generate', 'def fib(n):', '--target', 'qwen2.5-coder-0.5b', '--quantize', 'int4', '--draft', "
-              "'none', '--max-new-tokens', '12', '--json'])\n"
+              "'none', '--max-new-tokens', '12', '--json', '--verbose'])\n"
               "print([m for m in ('transformers.modeling_utils', 'transformers.models.qwen2.modeling_qwen2') "
               "if m in sys.modules])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     out, modules = done.stdout.rsplit("\n", 2)[0], done.stdout.rsplit("\n", 2)[1]
-    assert modules == "[]"
+    assert modules == "[]" and "qwen2.5-coder-0.5b+int4 " in done.stderr and "(specdec's native model)" in done.stderr
     import json
 
     tokens = json.loads(out)["token_ids"]

@@ -137,10 +137,14 @@ def _print_load(target, draft, load_seconds: float) -> None:
     """--verbose: load times (conversion included on a preset's first use) and peak memory after loading."""
     from specdec.models import Model
 
-    parts = [f"target {target.name} ({str(target.dtype).replace('torch.', '')}) {target.load_seconds or 0.0:.1f} s"]
+    def code(model) -> str:  # specdec.models.native's module tree, or transformers' model
+        return " (specdec's native model)" if getattr(getattr(model, "hf_model", None), "native", False) else ""
+
+    parts = [f"target {target.name} ({str(target.dtype).replace('torch.', '')}) {target.load_seconds or 0.0:.1f} s"
+             f"{code(target)}"]
     for d in draft if isinstance(draft, list) else [draft]:
         if isinstance(d, Model) and d.load_seconds is not None:
-            parts.append(f"draft {d.name} {d.load_seconds:.1f} s")
+            parts.append(f"draft {d.name} {d.load_seconds:.1f} s{code(d)}")
     print(f"specdec: loaded in {load_seconds:.1f} s: {', '.join(parts)}; peak memory {_peak_rss_gib():.2f} GiB "
           "(peak resident set size)", file=sys.stderr)
 
