@@ -32,6 +32,10 @@ from specdec.errors import SpecDecError
 #: The model types built here (config.model_type): the plain pre-norm decoder with SiLU gated MLPs.
 MODEL_TYPES = ("qwen2", "llama")
 
+#: The config attributes this module reads (a config written by transformers 5 holds them all).
+_READ = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+         "rms_norm_eps", "vocab_size")
+
 _WANTED: ContextVar[bool] = ContextVar("specdec_native_skeletons", default=False)
 
 
@@ -55,6 +59,7 @@ def supported(config: Any) -> bool:
     causal LM with SiLU MLPs, the default rotary embedding, every layer full attention."""
     rope = getattr(config, "rope_parameters", None) or {}
     return (getattr(config, "model_type", None) in MODEL_TYPES
+            and all(hasattr(config, name) for name in _READ)  # (a config.json without one: transformers' defaults)
             and getattr(config, "hidden_act", None) == "silu"
             and rope.get("rope_type", "default") == "default" and "rope_theta" in rope
             and not getattr(config, "is_encoder_decoder", False)
@@ -236,13 +241,21 @@ class NativeCausalLM(nn.Module):
         from specdec.models.kv_cache import PreallocatedLayer
 
         cache = cache if cache is not None else kwargs.pop("past_key_values", None)
-        if (input_ids is None or input_ids.shape[0] != 1 or attention_mask is not None or position_ids is not None
-                or not use_cache or kwargs or row_attention._BATCH_ROWS.get() is not None
-                or not all(isinstance(layer, PreallocatedLayer) for layer in getattr(cache, "layers", None) or [None])
-                or getattr(self, row_attention.KERNEL_ATTRIBUTE, None) is None):
-            raise SpecDecError("this model was loaded without transformers' model code (specdec.models.native: one "
-                               "sequence on the dynamic cache, as `specdec generate` runs it); batches, beams and the "
-                               "static engine need it: load the model with specdec.load()")
+        refused = ("no input ids" if input_ids is None else
+                   f"a batch of {input_ids.shape[0]} sequences" if input_ids.shape[0] != 1 else
+                   "an attention mask" if attention_mask is not None else
+                   "given position ids" if position_ids is not None else
+                   f"the arguments {sorted(kwargs)}" if kwargs else
+                   "a ragged batch" if row_attention._BATCH_ROWS.get() is not None else
+                   "a pass without specdec's dynamic cache (the static engine, or none)" if not use_cache or not all(
+                       isinstance(layer, PreallocatedLayer) for layer in getattr(cache, "layers", None) or [None]) else
+                   "a model without the vnni row attention" if getattr(self, row_attention.KERNEL_ATTRIBUTE, None) is None
+                   else None)
+        if refused is not None:
+            raise SpecDecError(f"{refused}: this model is specdec's native model (specdec.models.native: one sequence "
+                               "on the dynamic cache, as `specdec generate` runs it); batches, beams and the static "
+                               "engine need transformers' model: load it with specdec.load() outside "
+                               "specdec.models.native.skeletons()")
         body, k = self.model, int(input_ids.shape[1])
         hidden = body.embed_tokens(input_ids)  # [1, k, H]
         position_ids = (torch.arange(k, device=hidden.device) + cache.get_seq_length())[None]  # [1, k]
