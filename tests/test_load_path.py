@@ -495,6 +495,13 @@ def test_a_tokenizer_built_in_python_is_stored_once_as_its_backend(tmp_path, mon
     assert again.apply_chat_template(chat, tokenize=False) == "Qab"
     assert (again.all_special_ids, again.eos_token, len(again)) == (first.all_special_ids, first.eos_token, len(first))
 
+    twin = _qwen_tokenizer_folder(tmp_path / "twin", "Q{{ messages[0]['content'] }}")  # another preset, same files
+    loads.clear()
+    assert preset_tokenizer(twin, load) is again and loads == []  # shared, and its stored backend copied:
+    vocabulary._preset_tokenizers.clear()  # a new process reading the twin first reads it without `load`
+    from_twin = preset_tokenizer(twin, load)
+    assert type(from_twin).__name__ == "TokenizersBackend" and loads == [] and json_of(from_twin) == json_of(first)
+
     (folder / "chat_template.jinja").write_text("R{{ messages[0]['content'] }}")  # stale now: loaded as before
     vocabulary._preset_tokenizers.clear()
     del first, again

@@ -58,9 +58,11 @@ def preset_tokenizer(folder: Path, load_tokenizer: Any) -> Any:
             tokenizer = load_tokenizer(folder)
             _store_backend(folder, tokenizer, source, load_tokenizer)
         tokenizer._specdec_template_digest = template
+        tokenizer._specdec_source = (folder, source)
         _preset_tokenizers[key] = tokenizer
         return tokenizer
     if shared._specdec_template_digest == template:
+        _share_backend(shared._specdec_source, folder)
         return shared
     tokenizer = copy.copy(shared)  # the same backend and vocabulary, this folder's chat template
     path = folder / _CHAT_TEMPLATE_FILE
@@ -160,6 +162,40 @@ def _store_backend(folder: Path, tokenizer: Any, source: dict, load_tokenizer: A
         shutil.rmtree(folder / BACKEND_FOLDER, ignore_errors=True)
         os.replace(staging, folder / BACKEND_FOLDER)
     except (OSError, ValueError):
+        pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _share_backend(origin: tuple[Path, dict], folder: Path) -> None:
+    """Give ``folder`` (a preset with the vocabulary files and chat template of ``origin``'s folder) a copy of the
+    origin's stored backend where it has none: a later process that reads ``folder`` first (the CLI checks the
+    target's prompt before loading the draft) then reads it without transformers' auto classes."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    def holds(stored: Path) -> bool:
+        try:
+            return json.loads((stored / _SOURCE_FILE).read_text(encoding="utf-8")) == source
+        except (OSError, ValueError):
+            return False
+
+    source_folder, source = origin
+    mine, theirs = folder / BACKEND_FOLDER, source_folder / BACKEND_FOLDER
+    if holds(mine) or not holds(theirs):
+        return
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{BACKEND_FOLDER}-", dir=folder))
+    except OSError:
+        return
+    try:
+        shutil.copytree(theirs, staging, dirs_exist_ok=True)
+        staging.chmod(0o755)
+        shutil.rmtree(mine, ignore_errors=True)  # (a stale one)
+        os.replace(staging, mine)
+    except OSError:
         pass
     finally:
         shutil.rmtree(staging, ignore_errors=True)
