@@ -64,12 +64,18 @@ def lean_forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[t
     return self.o_proj(out.reshape(batch, width, -1).contiguous()), weights  # out: [B, L, H, D]
 
 
+def _gate_up(module: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MLP's gate and up projections [B, L, I]: one call of their fused layer where they are one."""
+    fused = fused_set([module.gate_proj, module.up_proj])
+    if fused is not None:
+        gate, up = fused.layer.parts(x, fused.widths)
+        return gate, up
+    return module.gate_proj(x), module.up_proj(x)
+
+
 def lean_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     """down(act(gate(x)) * up(x)) with gate and up as one call of their fused layer (the same ops otherwise)."""
-    fused = fused_set([self.gate_proj, self.up_proj])
-    if fused is None:
-        return super(type(self), self).forward(x)
-    gate, up = fused.layer.parts(x, fused.widths)
+    gate, up = _gate_up(self, x)
     return self.down_proj(self.act_fn(gate) * up)
 
 

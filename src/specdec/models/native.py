@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecDecError
+from specdec.models import lean_attention
 
 #: The model types built here (config.model_type): the plain pre-norm decoder with SiLU gated MLPs.
 MODEL_TYPES = ("qwen2", "llama")
@@ -111,7 +112,7 @@ class NativeRotary(nn.Module):
 
 
 class NativeAttention(nn.Module):
-    """q/k/v, rotary, cache, row attention, o: the lean attention's calls (specdec.models.lean_attention)."""
+    """q/k/v, rotary, cache, row attention, o: the lean attention's forward (specdec.models.lean_attention)."""
 
     def __init__(self, config: Any, layer_idx: int, head_dim: int, qkv_bias: bool, o_bias: bool):
         super().__init__()
@@ -128,20 +129,9 @@ class NativeAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any,
                 position_ids: torch.Tensor) -> torch.Tensor:
-        from specdec.models import row_attention
-        from specdec.models.lean_attention import _qkv
-
-        batch, width = hidden.shape[:2]
-        kernel = getattr(self, row_attention.KERNEL_ATTRIBUTE, None)  # the vnni extension (use_row_attention)
-        q, k, v = _qkv(self, hidden)  # [B, L, w] each
-        q, k = kernel.rotary(q.view(batch, width, -1, self.head_dim), k.view(batch, width, -1, self.head_dim), cos,
-                             sin)  # [B, H, L, D], [B, H_kv, L, D]
-        v = v.view(batch, width, -1, self.head_dim).transpose(1, 2)  # [B, H_kv, L, D]
-        kwargs = {"position_ids": position_ids, "use_cache": True}  # (what transformers' layers pass on)
-        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
-        out, _ = row_attention.row_attention(self, q, k, v, None, dropout=0.0, scaling=self.scaling,
-                                             sliding_window=None, **kwargs)  # [B, L, H, D]
-        return self.o_proj(out.reshape(batch, width, -1).contiguous())
+        # transformers' layers pass position_ids and use_cache on to the cache and the attention function
+        return lean_attention.lean_forward(self, hidden, (cos, sin), None, cache=cache, position_ids=position_ids,
+                                           use_cache=True)[0]  # [B, L, hidden]
 
 
 class NativeMLP(nn.Module):
@@ -154,12 +144,7 @@ class NativeMLP(nn.Module):
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, bias)
         self.act_fn = nn.SiLU()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from specdec.models.int8_fusion import fused_set
-
-        fused = fused_set([self.gate_proj, self.up_proj])
-        gate, up = fused.layer.parts(x, fused.widths) if fused is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(self.act_fn(gate) * up)
+    forward = lean_attention.lean_mlp_forward
 
 
 class NativeDecoderLayer(nn.Module):

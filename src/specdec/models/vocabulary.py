@@ -96,9 +96,9 @@ def _stored_backend(folder: Path, source: dict, load_tokenizer: Any) -> Any:
     import json
 
     stored = folder / BACKEND_FOLDER
+    if not _holds(stored, source):
+        return None
     try:
-        if json.loads((stored / _SOURCE_FILE).read_text(encoding="utf-8")) != source:
-            return None
         if json.loads((stored / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class") == \
                 "TokenizersBackend":  # what AutoTokenizer would pick, without importing its table of every model's
             from transformers.tokenization_utils_tokenizers import TokenizersBackend  # classes (0.3 s a process)
@@ -107,6 +107,16 @@ def _stored_backend(folder: Path, source: dict, load_tokenizer: Any) -> Any:
         return load_tokenizer(stored)
     except (OSError, ValueError):  # (none, or another process replacing it just now: load as before)
         return None
+
+
+def _holds(stored: Path, source: dict) -> bool:
+    """Whether the stored backend folder ``stored`` was made from ``source`` (vocabulary, chat template, transformers)."""
+    import json
+
+    try:
+        return json.loads((stored / _SOURCE_FILE).read_text(encoding="utf-8")) == source
+    except (OSError, ValueError):
+        return False
 
 
 def auto_tokenizer(folder: Path) -> Any:
@@ -171,20 +181,13 @@ def _share_backend(origin: tuple[Path, dict], folder: Path) -> None:
     """Give ``folder`` (a preset with the vocabulary files and chat template of ``origin``'s folder) a copy of the
     origin's stored backend where it has none: a later process that reads ``folder`` first (the CLI checks the
     target's prompt before loading the draft) then reads it without transformers' auto classes."""
-    import json
     import os
     import shutil
     import tempfile
 
-    def holds(stored: Path) -> bool:
-        try:
-            return json.loads((stored / _SOURCE_FILE).read_text(encoding="utf-8")) == source
-        except (OSError, ValueError):
-            return False
-
     source_folder, source = origin
     mine, theirs = folder / BACKEND_FOLDER, source_folder / BACKEND_FOLDER
-    if holds(mine) or not holds(theirs):
+    if _holds(mine, source) or not _holds(theirs, source):
         return
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{BACKEND_FOLDER}-", dir=folder))
