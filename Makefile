@@ -44,7 +44,7 @@ test: test-setup docs
 	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
 
 # The playground page (README, "The playground"): the packaged pair with serve's defaults (on CPU the exact quantized
-# target: int4-mixed where the CPU has AVX-512 VNNI, int8 elsewhere).
+# target: int4-mixed where the CPU has AVX-512 VNNI, int4 on AVX2 without it, int8 elsewhere).
 playground: setup
 	$(BIN)/specdec serve
 

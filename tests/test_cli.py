@@ -111,13 +111,17 @@ def test_the_default_target_is_an_exact_quantized_target_on_cpu(monkeypatch):
     def quantize(*argv):
         return target_quantization(build_parser().parse_args(["generate", "x", *argv]))
 
-    # the packaged target, nothing asked: int4-mixed where the CPU has AVX-512 VNNI, else int8
-    assert quantize("--device", "cpu") == ("int4-mixed" if int8_vnni.cpu_supported() else "int8")
+    # the packaged target, nothing asked: int4-mixed where the CPU has AVX-512 VNNI, int4 on AVX2 alone, else int8
+    expected = {"avx512": "int4-mixed", "avx2": "int4", None: "int8"}
+    assert quantize("--device", "cpu") == expected[int8_vnni.kernel_isa()]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int8_vnni, "cpu_supported", lambda: False)
-        assert quantize("--device", "cpu") == "int8"
-        patch.setattr(int8_vnni, "cpu_supported", lambda: True)
-        assert quantize("--device", "cpu") == "int4-mixed"
+        for isa, method in expected.items():
+            patch.setattr(int8_vnni, "kernel_isa", lambda isa=isa: isa)
+            assert quantize("--device", "cpu") == method
+    if int8_vnni.kernel_isa() is not None:
+        with pytest.MonkeyPatch.context() as patch:  # how an AVX2-only CPU is approximated on a bigger one
+            patch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+            assert quantize("--device", "cpu") == "int4"
     assert quantize("--device", "cpu", "--quantize", "none") is None  # bf16 on request
     assert quantize("--device", "cpu", "--dtype", "fp32") is None  # a dtype asked: the float model
     assert quantize("--device", "cpu", "--target", "some/folder") is None  # another target: as it is

@@ -50,7 +50,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                         "speculative decoding with it is exact (its output equals the quantized model's own plain "
                         "decoding); a different model from the float one (docs/int8_target.md, docs/int4.md have "
                         "their quality). Default for the packaged target on CPU without --dtype: int4-mixed where "
-                        "the CPU has AVX-512 VNNI or AVX2, else int8; 'none' keeps it in bf16")
+                        "the CPU has AVX-512 VNNI, int4 on AVX2 without it, else int8; 'none' keeps it in bf16")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft tokens per target call (default: 4, constant; with one int8 model draft alone, start "
                         f"at {INT8_DRAFT_GAMMA} and adapt)")

@@ -29,10 +29,12 @@ __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "INT8_DRAFT_GAMMA
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
 DEFAULT_DRAFT_QUANTIZE_VNNI = "int4"
 # The packaged target on CPU: block-invariant (exact: speculative output = its own plain decoding). Where the CPU
-# has AVX-512 VNNI or AVX2, int4-mixed: the GGUF's Q4_K tensors in int4 exactly, the rest in int8 (docs/int4.md, with
-# its quality against bf16 and llama.cpp's Q4_K_M); elsewhere int8 (docs/int8_target.md).
+# has AVX-512 VNNI, int4-mixed: the GGUF's Q4_K tensors in int4 exactly, the rest in int8; on AVX2 without it, every
+# layer in int4 (its int8 layers' five-token passes cost 2.8x one there: compute-bound); both with their quality
+# against bf16 and llama.cpp's Q4_K_M in docs/int4.md. Elsewhere int8 (docs/int8_target.md).
 DEFAULT_TARGET_QUANTIZE_CPU = "int8"
 DEFAULT_TARGET_QUANTIZE_VNNI = "int4-mixed"
+DEFAULT_TARGET_QUANTIZE_AVX2 = "int4"
 # On CPU the default draft model is drafted for in turn by prompt lookup (free): a hierarchy (docs/cpu_default.md).
 DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
 # ... its head cut to the first 65,536 ids (specdec.models.draft_head, '@65536' in a spec; exact) where it runs in
@@ -72,14 +74,15 @@ def default_draft(device: Any = None, batched: bool = False) -> str:
 
 def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:
     """The quantization of a target loaded without one asked (CLI, server): the packaged default target on CPU
-    runs quantized and block-invariant (int4-mixed where the CPU has AVX-512 VNNI or AVX2, else int8), unless a dtype is
-    asked; any other target, or another device, as it is."""
+    runs quantized and block-invariant (int4-mixed where the CPU has AVX-512 VNNI, int4 where it has AVX2 without it,
+    else int8), unless a dtype is asked; any other target, or another device, as it is."""
     from specdec.devices import resolve_device
     from specdec.models import int8_vnni
 
     if target != DEFAULT_TARGET or dtype is not None or resolve_device(device).type != "cpu":
         return None
-    return DEFAULT_TARGET_QUANTIZE_VNNI if int8_vnni.cpu_supported() else DEFAULT_TARGET_QUANTIZE_CPU
+    by_isa = {"avx512": DEFAULT_TARGET_QUANTIZE_VNNI, "avx2": DEFAULT_TARGET_QUANTIZE_AVX2}
+    return by_isa.get(int8_vnni.kernel_isa(), DEFAULT_TARGET_QUANTIZE_CPU)
 
 
 def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,
