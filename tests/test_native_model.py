@@ -185,6 +185,27 @@ def test_the_cli_generates_with_the_native_model_without_transformers_model_code
     assert tokens == specdec.generate(target, "def fib(n):", max_new_tokens=12).token_ids
 
 
+def test_an_avx2_only_cpu_runs_the_int4_target_by_default():
+    """On AVX2 without AVX-512 VNNI (approximated with ATEN_CPU_CAPABILITY=avx2: the kernels' AVX2 code, torch's AVX2
+    ops) the one-shot command's default target is the 1.5B with every layer in int4, and its speculative tokens are
+    that target's own plain greedy decoding in the same setting (--draft none)."""
+    import json
+    import os
+
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    runs = []
+    for extra in ([], ["--draft", "none"]):
+        argv = ["generate", "def fib(n):", "--max-new-tokens", "24", "--json", "--verbose", *extra]
+        done = subprocess.run([sys.executable, "-c", f"from specdec.cli import main; main({argv!r})"], env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "target qwen2.5-coder-1.5b+int4 (" in done.stderr, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout))
+    speculative, plain = runs
+    assert speculative["stats"]["target_calls"] < plain["stats"]["target_calls"] == 24  # it did speculate
+    assert speculative["token_ids"] == plain["token_ids"]
+
+
 def test_a_stored_config_reads_as_autoconfig_reads_it(tmp_path):
     """read_config (transformers' generic config, no model packages imported) gives the attributes AutoConfig's
     model-specific class gives, for the tiny models' configs and every preset converted on this machine."""
