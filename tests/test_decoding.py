@@ -201,6 +201,29 @@ def test_statistics_are_consistent():
     assert d["mean_accepted_length"] == s.mean_accepted_length and d["alpha"] == s.alpha
 
 
+def test_the_prefills_are_timed_apart(monkeypatch):
+    """The target's prefill is time_prefill (not the rounds' target time, not "other"); the draft's prefill is its
+    start, part of time_draft: a prefill made to take a second lands in its own field."""
+    import time
+
+    target = load_tiny()
+    slow = 1.0
+    prefill = DynamicSession.prefill
+
+    def slow_prefill(self, ids):
+        time.sleep(slow)
+        return prefill(self, ids)
+
+    monkeypatch.setattr(DynamicSession, "prefill", slow_prefill)
+    s = specdec.generate(target, PROMPT, draft=perturbed(target, 0.5), gamma=4, max_new_tokens=N_NEW).stats
+    assert s.time_prefill >= slow and s.time_draft_start >= slow and s.time_draft >= s.time_draft_start
+    assert s.time_target < slow and s.time_other < slow  # (each sleep counted once, where it happened)
+    assert s.time_total >= s.time_prefill + s.time_draft + s.time_target
+    assert f"time: prefill {s.time_prefill:.2f} s" in s.summary() and "its start" in s.summary()
+    d = s.to_dict()
+    assert d["time_prefill_s"] == s.time_prefill and d["time_draft_start_s"] == s.time_draft_start
+
+
 def _tokens_through(model, ids, stop):
     """The shortest prefix of ``ids`` whose text contains ``stop``."""
     return next(ids[:i] for i in range(1, len(ids) + 1) if stop in model.decode(ids[:i]))

@@ -203,19 +203,23 @@ def _start(run: _Run, wall: Stopwatch) -> None:
         from specdec.constraints import Constraint
 
         run.constraint = Constraint(config.constraint, target, len(sequence), device)
+    t0 = wall()
     if target.cuda_graphs and config.constraint is None and len(sequence) >= 2:
         # all but the last token, as the draft does: the first round then runs like every other one (its graph
         # feeds the last token), not step by step after a prefill that brought the first token's logits
         run.session.prefill(sequence[:-1])
     else:  # the whole sequence: its last position's logits give the first token (or verify the first draft)
         run.carried = run.session.prefill(sequence)[None]  # [1, V]
+    stats.time_prefill += wall() - t0
     if drafter is not None:
         t0 = wall()
         source = prompt_ids if target.is_encoder_decoder else ()
         stop_below = config.confidence if config.gamma_schedule == "confidence" else None
         drafter.start(DraftContext(prompt_ids, config.sampling, run.generator, target.vocab_size, frozenset(run.eos),
                                    source, stop_below, device, len(sequence) + limit + 1, run.ids, run.constraint))
-        stats.time_draft += wall() - t0
+        started = wall() - t0
+        stats.time_draft += started
+        stats.time_draft_start += started
 
 
 def device_ids(sequence: list[int], positions: int, device: torch.device) -> torch.Tensor:

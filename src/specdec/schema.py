@@ -33,8 +33,10 @@ STATS_SCHEMA = _object({
     "alpha": _NULLABLE_NUMBER,
     "time_draft_s": _NUMBER,
     "time_convert_s": _NUMBER,  # part of time_draft_s: a draft with another tokenizer converting text and tokens
-    "time_target_s": _NUMBER,
-    "time_other_s": _NUMBER,
+    "time_target_s": _NUMBER,  # the rounds' target passes
+    "time_prefill_s": _NUMBER,  # the target's prefill of the prompt
+    "time_draft_start_s": _NUMBER,  # part of time_draft_s: the drafter's start (a model draft's prefill)
+    "time_other_s": _NUMBER,  # the rest of time_total_s: acceptance, bookkeeping, Python
     "time_total_s": _NUMBER,
     "tokens_per_second": _NULLABLE_NUMBER,
     "seed": _INTEGER,  # the seed the run used (given, or drawn): --seed with it replays the run

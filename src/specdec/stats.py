@@ -65,7 +65,9 @@ class GenerationStats(RoundTally):
     target_calls: int = 0  # serial forward passes of the target (prefill included)
     draft_calls: int = 0  # forward passes of a model draft (0 for parameter-free drafts)
     time_draft: float = 0.0
-    time_target: float = 0.0
+    time_target: float = 0.0  # the rounds' target passes (the prefill is time_prefill)
+    time_prefill: float = 0.0  # the target's prefill of the prompt (one-sequence decoding; elsewhere in time_other)
+    time_draft_start: float = 0.0  # part of time_draft: the drafter's start (a model draft's prefill of the prompt)
     time_convert: float = 0.0  # part of time_draft: a draft with another tokenizer, converting text and tokens
     time_total: float = 0.0
     seed: int | None = None
@@ -101,7 +103,7 @@ class GenerationStats(RoundTally):
 
     @property
     def time_other(self) -> float:
-        return max(0.0, self.time_total - self.time_draft - self.time_target)
+        return max(0.0, self.time_total - self.time_draft - self.time_target - self.time_prefill)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -121,6 +123,8 @@ class GenerationStats(RoundTally):
             "alpha": self.alpha,
             "time_draft_s": self.time_draft,
             "time_target_s": self.time_target,
+            "time_prefill_s": self.time_prefill,
+            "time_draft_start_s": self.time_draft_start,
             "time_convert_s": self.time_convert,
             "time_other_s": self.time_other,
             "time_total_s": self.time_total,
@@ -137,6 +141,12 @@ class GenerationStats(RoundTally):
             **({"constraint": self.constraint} if self.constraint else {}),
         }
 
+    def _draft_parts(self) -> str:
+        """' (of the draft's, ...)': its start (a model draft's prefill) and its tokenizer conversions, where any."""
+        parts = ([f"{self.time_draft_start:.2f} s its start"] if self.time_draft_start else []) + \
+            ([f"{self.time_convert:.3f} s converting between tokenizers"] if self.time_convert else [])
+        return f" (of the draft's, {', '.join(parts)})" if parts else ""
+
     def summary(self) -> str:
         def fmt(x: float | None, spec: str = ".3f") -> str:
             return "n/a" if x is None else format(x, spec)
@@ -148,8 +158,8 @@ class GenerationStats(RoundTally):
             f"mean accepted length {fmt(self.mean_accepted_length, '.2f')} (bonus token included)",
             f"drafted {self.drafted}, accepted {self.accepted} (rate {fmt(self.acceptance_rate)}), alpha {fmt(self.alpha)}",
             "acceptance per position: " + " ".join(f"{a:.2f}" for a in self.acceptance_per_position),
-            f"time: draft {self.time_draft:.2f} s, target {self.time_target:.2f} s, other {self.time_other:.2f} s"
-            + (f" (of the draft's, {self.time_convert:.3f} s converting between tokenizers)" if self.time_convert else ""),
+            f"time: prefill {self.time_prefill:.2f} s, draft {self.time_draft:.2f} s, target {self.time_target:.2f} s, "
+            f"other {self.time_other:.2f} s" + self._draft_parts(),
         ]
         for level in self.levels:
             lines.append(

@@ -50,9 +50,12 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
     time_draft = sum(s.time_draft for s in stats)
     time_convert = sum(getattr(s, "time_convert", 0.0) for s in stats)
     time_target = sum(s.time_target for s in stats)
+    time_prefill = sum(getattr(s, "time_prefill", 0.0) for s in stats)  # the target's
+    time_draft_start = sum(getattr(s, "time_draft_start", 0.0) for s in stats)  # part of time_draft: its prefill
     time_loop = sum(s.time_total for s in stats)  # from the KV session's start to the last token
     time_setup = max(0.0, seconds - time_loop)  # inside generate() but before the loop: model/drafter setup
-    time_other = max(0.0, time_loop - time_draft - time_target)  # loop bookkeeping, acceptance, Python
+    # loop bookkeeping, acceptance, Python
+    time_other = max(0.0, time_loop - time_draft - time_target - time_prefill)
     target_step = ratio(time_target, target_calls)
     draft_step = ratio(time_draft, draft_calls)
     result.update({
@@ -67,13 +70,16 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
         "time_draft_s": time_draft,
         "time_convert_s": time_convert,
         "time_target_s": time_target,
+        "time_prefill_s": time_prefill,
+        "time_draft_start_s": time_draft_start,
         "time_other_s": time_other,
         "time_setup_s": time_setup,
         "setup_per_call_s": ratio(time_setup, len(stats)),
         "tokens_per_second_loop_only": ratio(tokens, time_loop),
-        "time_split": {k: ratio(v, seconds) for k, v in (("draft", time_draft), ("target", time_target),
-                                                          ("other", time_other), ("setup", time_setup))},
-        "target_step_s": target_step,  # per target call, the prefill included
+        "time_split": {k: ratio(v, seconds) for k, v in (("prefill", time_prefill), ("draft", time_draft),
+                                                          ("target", time_target), ("other", time_other),
+                                                          ("setup", time_setup))},
+        "target_step_s": target_step,  # per target call of the rounds (the target's prefill is time_prefill_s)
         "draft_step_s": draft_step,  # per draft forward pass, the draft's prefill included
         "other_per_step_s": ratio(time_other, target_calls),
         # Estimate of c from the loop's own timers: both averages include one prefill per prompt, and

@@ -61,6 +61,8 @@ def compare(*, alpha: float | None, gamma: int, c: float | None, plain: dict[str
         out.update(
             verify_per_call_s=spec.get("time_target_s", 0.0) / calls,
             draft_per_call_s=spec.get("time_draft_s", 0.0) / calls,
+            draft_start_per_call_s=(spec.get("time_draft_start_s") or 0.0) / calls,  # the draft's prefill
+            prefill_per_call_s=(spec.get("time_prefill_s") or 0.0) / calls,  # the target's
             other_per_call_s=other / calls,
             draft_per_call_predicted_s=gamma * c * t_plain if t_plain is not None else None,
         )
@@ -90,7 +92,10 @@ def explain(row: dict[str, Any]) -> str:
         f"{fmt(row.get('verify_per_call_s'), '.3f')} s = {fmt(row.get('verify_factor'), '.2f')}x a plain token"
         + (f" (direct: {row['gamma'] + 1} tokens cost {row['verify_cost_ratio_direct']:.2f}x one)"
            if row.get("verify_cost_ratio_direct") else "")
-        + f", drafting {fmt(row.get('draft_per_call_s'), '.3f')} s (Theorem 8: {fmt(row.get('draft_per_call_predicted_s'), '.3f')} s)"
-        f", other {fmt(row.get('other_per_call_s'), '.3f')} s)"
+        + f", drafting {fmt(row.get('draft_per_call_s'), '.3f')} s"
+        + (f" (its prefill {row['draft_start_per_call_s']:.3f})" if row.get("draft_start_per_call_s") else "")
+        + f" (Theorem 8: {fmt(row.get('draft_per_call_predicted_s'), '.3f')} s)"
+        + (f", the target's prefill {row['prefill_per_call_s']:.3f} s" if row.get("prefill_per_call_s") else "")
+        + f", other {fmt(row.get('other_per_call_s'), '.3f')} s)"
     )
     return text + " — " + "; ".join(parts)

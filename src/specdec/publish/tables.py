@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.sweeps.machine import GB
-from specdec.bench.formatting import MISSING, MS_PER_S, fmt, ms, short
+from specdec.bench.formatting import MISSING, MS_PER_S, fmt, ms, ratio, short
 
 
 def table(result: dict[str, Any]) -> str:
@@ -50,7 +50,9 @@ def table(result: dict[str, Any]) -> str:
     if spec and "time_split" in spec:
         split = spec["time_split"]
         notes.append(
-            f"specdec-spec time: draft {split['draft']:.0%}, target {split['target']:.0%}, other {split['other']:.0%}, "
+            f"specdec-spec time: the target's prefill {split.get('prefill') or 0:.0%}, draft {split['draft']:.0%} (its "
+            f"prefill {ratio(spec.get('time_draft_start_s') or 0.0, spec['seconds']) or 0:.0%}), target "
+            f"{split['target']:.0%}, other {split['other']:.0%}, "
             f"setup before the loop {split['setup']:.0%} ({spec['setup_per_call_s']:.3f} s a call); "
             f"acceptance rate {fmt(spec['acceptance_rate'], '.3f')}; per position "
             + " ".join(fmt(a, ".2f") for a in spec["acceptance_per_position"])
