@@ -82,8 +82,8 @@ def summarize(trials: Sequence[Trial]) -> dict[str, Any]:
         "target_step_s": target_step,  # per target call of the rounds (the target's prefill is time_prefill_s)
         "draft_step_s": draft_step,  # per draft forward pass, the draft's prefill included
         "other_per_step_s": ratio(time_other, target_calls),
-        # Estimate of c from the loop's own timers: both averages include one prefill per prompt, and
-        # the target's steps score gamma + 1 tokens while the draft's score 1.
+        # Estimate of c from the loop's own timers: the draft's average includes its prefill of each prompt (the
+        # target's is apart, time_prefill_s), and the target's steps score gamma + 1 tokens while the draft's score 1.
         "c_estimate": ratio(draft_step, target_step) if draft_step is not None and target_step else None,
     })
     if any(s.levels for s in stats):
