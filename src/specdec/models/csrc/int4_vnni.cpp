@@ -170,8 +170,8 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   const int64_t step = M <= ROWS4 ? ROWS4 : 4;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      for (int64_t m0 = 0; m0 < M; m0 += step) {
-        const int64_t mb = std::min(step, M - m0);
+      for (int64_t m0 = 0; m0 < M; m0 += avx2 ? M : step) {  // (the AVX2 code takes its own row chunks)
+        const int64_t mb = avx2 ? M : std::min(step, M - m0);
         const uint8_t* wg = W + g * Kp / 4 * 64;
         const c10::Half* dg = D + g * Kp / SUPER * 64;
         const uint8_t* sg = S + g * Kp / SUB * 64;
