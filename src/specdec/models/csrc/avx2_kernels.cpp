@@ -150,18 +150,24 @@ __attribute__((target("avx2,fma")))
 void quantize_rows4_avx2(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq, float* sr, int32_t* xsum) {
   count_avx2_call();
   const float tiny = std::numeric_limits<float>::min();
-  alignas(32) int32_t q[8];
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t m = 0; m < M; ++m) {
     const float s = std::max(row_max(x + m * K, K), tiny);
     sr[m] = s / 127.0f;
     const __m256 inv = _mm256_set1_ps((1.0f / s) * 127.0f);
+    const float* xm = x + m * K;
     for (int64_t j = 0; j < Kp / 32; ++j) {
-      uint32_t sum = 0;  // (wrapping as the AVX-512 code's vector sum would, were a lane ever out of range)
-      for (int64_t k = j * 32; k < (j + 1) * 32; k += 8) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(q), rounded(x + m * K + k, K - k, inv));
-        for (int i = 0; i < 8; ++i) sum += static_cast<uint32_t>(q[i]), xq[m * Kp + k + i] = static_cast<int8_t>(q[i]);
-      }
-      xsum[m * (Kp / 32) + j] = static_cast<int32_t>(sum);
+      const int64_t k = j * 32;  // one sub-block: four vectors of 8, each lane in -127..127
+      const __m256i a = rounded(xm + k, K - k, inv), b = rounded(xm + k + 8, K - k - 8, inv);
+      const __m256i c = rounded(xm + k + 16, K - k - 16, inv), d = rounded(xm + k + 24, K - k - 24, inv);
+      // bytes in order: the packs interleave 4-lane pieces per 128-bit half; the permutation puts them back
+      const __m256i bytes = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)), order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + m * Kp + k), bytes);
+      const __m256i t = _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d));  // (exact: small ints)
+      const __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+      const __m128i v = _mm_add_epi32(u, _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 0, 3, 2)));
+      xsum[m * (Kp / 32) + j] = _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1))));
     }
   }
 }
