@@ -259,7 +259,7 @@ void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, cons
                       int64_t m0, int64_t n0) {
   using Fn = void (*)(const uint8_t*, const c10::Half*, const uint8_t*, int64_t, const int8_t*, const int32_t*,
                       const float*, const float*, const Out&, int64_t, int64_t);
-  // up to 5 rows a pass (10 accumulators, the weights' two nibble sets, the mask and a broadcast: 15 registers), so
+  // up to 5 rows a pass (10 accumulators, a weight load, its two nibble sets, the mask, a broadcast: 15 registers), so
   // a verification of gamma + 1 = 5 rows reads each weight once (measured here: 5 rows ~5% faster than 4 + 1)
   static const Fn fns[6] = {nullptr, group4<1>, group4<2>, group4<3>, group4<4>, group4<5>};
   for (int64_t r = 0; r < rows; r += 5) {
