@@ -64,21 +64,36 @@ __attribute__((target("avx2,fma")))
 void quantize_rows_avx2(const float* x, int64_t M, int64_t K, int64_t K4, bool per_pass, uint8_t* xu, float* s) {
   count_avx2_call();
   const float tiny = std::numeric_limits<float>::min();
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   float pass_max = 0.0f;
   for (int64_t m = 0; m < M; ++m) pass_max = std::max(pass_max, s[m] = std::max(row_max(x + m * K, K), tiny));
   for (int64_t m = 0; m < M; ++m) {
     if (per_pass) s[m] = pass_max;
     const __m256 inv = _mm256_set1_ps((1.0f / s[m]) * 127.0f);
-    alignas(32) int32_t q[8];
-    for (int64_t k = 0; k < K4; k += 8) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(q),
-                         _mm256_add_epi32(rounded(x + m * K + k, K - k, inv), _mm256_set1_epi32(128)));
-      for (int64_t i = 0; i < 8 && k + i < K4; ++i) xu[m * K4 + k + i] = static_cast<uint8_t>(q[i]);
+    const float* xm = x + m * K;
+    for (int64_t k = 0; k < K4; k += 32) {  // 32 bytes at a time, each 1..255 (128 past K)
+      const __m256i off = _mm256_set1_epi32(128);
+      const __m256i a = _mm256_add_epi32(rounded(xm + k, K - k, inv), off);
+      const __m256i b = _mm256_add_epi32(rounded(xm + k + 8, K - k - 8, inv), off);
+      const __m256i c = _mm256_add_epi32(rounded(xm + k + 16, K - k - 16, inv), off);
+      const __m256i d = _mm256_add_epi32(rounded(xm + k + 24, K - k - 24, inv), off);
+      // the packs interleave 4-lane pieces per 128-bit half; the permutation puts them back in order
+      const __m256i bytes = _mm256_permutevar8x32_epi32(
+          _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)), order);
+      if (k + 32 <= K4) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xu + m * K4 + k), bytes);
+      } else {  // the row's last K4 % 32 bytes
+        alignas(32) uint8_t tail[32];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(tail), bytes);
+        std::memcpy(xu + m * K4 + k, tail, K4 - k);
+      }
     }
   }
 }
 
 namespace {
+
+constexpr int64_t PREFETCH = 2048;  // bytes ahead in the int8 weight stream (int8_vnni.cpp's distance)
 
 // The int8 kernel's store_row for 8 columns: y = (float(acc - colsum128) * sq) * s + bias.
 __attribute__((target("avx2,fma")))
@@ -106,6 +121,10 @@ void group8(const int8_t* wg, int64_t KB, const int16_t* x16, int64_t K4, const 
     for (int m = 0; m < MB; ++m)
       for (int u = 0; u < CW; ++u) lo[m][u] = hi[m][u] = _mm256_setzero_si256();
     for (int64_t kb = 0; kb < KB; ++kb) {
+      if (c0 == 0) {  // the next passes over this group read these lines from the cache
+        _mm_prefetch(reinterpret_cast<const char*>(wg + kb * 128 + PREFETCH), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wg + kb * 128 + PREFETCH + 64), _MM_HINT_T0);
+      }
       for (int u = 0; u < CW; ++u) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kb * 128 + (c0 + 8 * u) * 4));
         const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
@@ -174,6 +193,9 @@ void quantize_rows4_avx2(const float* x, int64_t M, int64_t K, int64_t Kp, int8_
 
 namespace {
 
+constexpr int64_t PREFETCH4 = 2048;  // bytes ahead in the int4 weight stream (measured on Zen 4: 1024 slower,
+                                     // 4096 no faster)
+
 __attribute__((target("avx2,fma,f16c")))
 inline __m256 halves8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -186,37 +208,46 @@ inline __m256 bytes8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight)));
 }
 
-// One group of 32 columns for MB (<= 5) rows, in two passes of 16 columns (c0 .. c0 + 7 in the low nibbles of bytes
-// 32 * half .. + 31, c0 + 16 .. + 23 in their high nibbles): per sub-block the exact int32 sums (vpmaddubsw, then
-// vpmaddwd with ones), folded into the float sums exactly as group_rows4 folds them.
-template <int MB>
+// One group of 32 columns for MB (<= 5) rows, in 2 / NH passes over the weights of NH column halves each (half h:
+// c0 + 8h .. + 7 in the low nibbles of bytes 32h .. 32h + 31, c0 + 16 + 8h .. in their high nibbles): per sub-block
+// the exact int32 sums (vpmaddubsw, then vpmaddwd with ones), folded into the float sums exactly as group_rows4 folds
+// them. NH = 2 (few rows) reads each 64-byte line once; NH = 1 (more rows) keeps the sums of both halves in registers.
+template <int MB, int NH>
 __attribute__((target("avx2,fma,f16c")))
 void group4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp, const int8_t* xq,
             const int32_t* xsum, const float* sr, const float* bias, const Out& out, int64_t m0, int64_t n0) {
+  constexpr int S = 2 * NH;  // column sets of 8 a pass
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int half = 0; half < 2; ++half) {
-    const int64_t cols[2] = {half * 8, 16 + half * 8};  // the low nibbles' columns, the high nibbles'
-    alignas(32) float f[MB][2][8] = {};
+  for (int first = 0; first < 2; first += NH) {
+    int64_t cols[S];  // per half: the low nibbles' columns, the high nibbles'
+    for (int q = 0; q < NH; ++q) cols[2 * q] = (first + q) * 8, cols[2 * q + 1] = 16 + (first + q) * 8;
+    alignas(32) float f[MB][S][8] = {};
     for (int64_t b = 0; b < Kp / 256; ++b) {
       const c10::Half* dp = dg + b * 64;  // [d 32, dmin 32]
-      const __m256 d[2] = {halves8(dp + cols[0]), halves8(dp + cols[1])};
-      const __m256 dmin[2] = {halves8(dp + 32 + cols[0]), halves8(dp + 32 + cols[1])};
+      __m256 d[S], dmin[S];
+      for (int h = 0; h < S; ++h) d[h] = halves8(dp + cols[h]), dmin[h] = halves8(dp + 32 + cols[h]);
       for (int64_t j = b * 8; j < (b + 1) * 8; ++j) {
         // int16 sums of the 8 lanes' vpmaddubsw pairs: each pair at most 15 * 127 * 2 = 3,810 in size, 8 of them
         // 30,480: exact in int16; one vpmaddwd with ones then gives vpdpbusd's int32 sums
-        __m256i acc[MB][2];
-        for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
-        const uint8_t* p = wg + j * 8 * 64 + half * 32;
+        __m256i acc[MB][S];
+        for (int m = 0; m < MB; ++m)
+          for (int h = 0; h < S; ++h) acc[m][h] = _mm256_setzero_si256();
+        const uint8_t* p = wg + j * 8 * 64 + first * 32;
 #pragma GCC unroll 1
         for (int64_t lane = 0; lane < 8; ++lane) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + lane * 64));
-          const __m256i w[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+          if (first == 0) _mm_prefetch(reinterpret_cast<const char*>(p + lane * 64 + PREFETCH4), _MM_HINT_T0);
+          __m256i w[S];
+          for (int q = 0; q < NH; ++q) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + lane * 64 + q * 32));
+            w[2 * q] = _mm256_and_si256(v, low);
+            w[2 * q + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          }
           for (int m = 0; m < MB; ++m) {
             int32_t four;
             std::memcpy(&four, xq + m * Kp + j * 32 + lane * 4, 4);
             const __m256i xb = _mm256_set1_epi32(four);
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < S; ++h) {
               acc[m][h] = _mm256_add_epi16(acc[m][h], _mm256_maddubs_epi16(w[h], xb));
               // (keeps the sums in registers: unrolled, GCC stored all 64 products to add them up as a tree, about
               // 25% slower for 4 rows or more)
@@ -225,20 +256,22 @@ void group4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t K
           }
         }
         for (int m = 0; m < MB; ++m)
-          for (int h = 0; h < 2; ++h) acc[m][h] = _mm256_madd_epi16(acc[m][h], ones);
+          for (int h = 0; h < S; ++h) acc[m][h] = _mm256_madd_epi16(acc[m][h], ones);
         const uint8_t* sm = sg + j * 64;  // [sc 32, m 32]
-        const __m256 scale[2] = {_mm256_mul_ps(d[0], bytes8(sm + cols[0])), _mm256_mul_ps(d[1], bytes8(sm + cols[1]))};
-        const __m256 mins[2] = {_mm256_mul_ps(dmin[0], bytes8(sm + 32 + cols[0])),
-                                _mm256_mul_ps(dmin[1], bytes8(sm + 32 + cols[1]))};
+        __m256 scale[S], mins[S];
+        for (int h = 0; h < S; ++h) {
+          scale[h] = _mm256_mul_ps(d[h], bytes8(sm + cols[h]));
+          mins[h] = _mm256_mul_ps(dmin[h], bytes8(sm + 32 + cols[h]));
+        }
         for (int m = 0; m < MB; ++m) {
           const __m256 xs = _mm256_set1_ps(static_cast<float>(xsum[m * (Kp / 32) + j]));
-          for (int h = 0; h < 2; ++h)
+          for (int h = 0; h < S; ++h)
             _mm256_store_ps(f[m][h], _mm256_fnmadd_ps(xs, mins[h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][h]),
                                                                                    scale[h], _mm256_load_ps(f[m][h]))));
         }
       }
     }
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < S; ++h) {
       const int64_t n = n0 + cols[h];
       if (n >= out.end) continue;
       const __m256i live = live8(out.end - n);
@@ -261,7 +294,7 @@ void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, cons
                       const float*, const float*, const Out&, int64_t, int64_t);
   // up to 5 rows a pass (10 accumulators, a weight load, its two nibble sets, the mask, a broadcast: 15 registers), so
   // a verification of gamma + 1 = 5 rows reads each weight once (measured here: 5 rows ~5% faster than 4 + 1)
-  static const Fn fns[6] = {nullptr, group4<1>, group4<2>, group4<3>, group4<4>, group4<5>};
+  static const Fn fns[6] = {nullptr, group4<1, 2>, group4<2, 2>, group4<3, 1>, group4<4, 1>, group4<5, 1>};
   for (int64_t r = 0; r < rows; r += 5) {
     const int64_t mb = std::min<int64_t>(5, rows - r);
     fns[mb](wg, dg, sg, Kp, xq + r * Kp, xsum + r * (Kp / 32), sr + r, bias, out, m0 + r, n0);
