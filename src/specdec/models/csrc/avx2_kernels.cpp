@@ -211,7 +211,7 @@ inline __m256 bytes8(const uint8_t* p) {
 // One group of 32 columns for MB (<= 5) rows, in 2 / NH passes over the weights of NH column halves each (half h:
 // c0 + 8h .. + 7 in the low nibbles of bytes 32h .. 32h + 31, c0 + 16 + 8h .. in their high nibbles): per sub-block
 // the exact int32 sums (vpmaddubsw, then vpmaddwd with ones), folded into the float sums exactly as group_rows4 folds
-// them. NH = 2 (few rows) reads each 64-byte line once; NH = 1 (more rows) keeps the sums of both halves in registers.
+// them. NH = 2 (one or two rows) reads each 64-byte line once; NH = 1 holds half the sums a row, so 5 rows fit.
 template <int MB, int NH>
 __attribute__((target("avx2,fma,f16c")))
 void group4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp, const int8_t* xq,
@@ -294,6 +294,7 @@ void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, cons
                       const float*, const float*, const Out&, int64_t, int64_t);
   // up to 5 rows a pass (10 accumulators, a weight load, its two nibble sets, the mask, a broadcast: 15 registers), so
   // a verification of gamma + 1 = 5 rows reads each weight once (measured here: 5 rows ~5% faster than 4 + 1)
+  // one or two rows take all four column sets a pass (8 sums at most): each weight line loaded once, not twice
   static const Fn fns[6] = {nullptr, group4<1, 2>, group4<2, 2>, group4<3, 1>, group4<4, 1>, group4<5, 1>};
   for (int64_t r = 0; r < rows; r += 5) {
     const int64_t mb = std::min<int64_t>(5, rows - r);
