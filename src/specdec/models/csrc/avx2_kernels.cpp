@@ -44,6 +44,17 @@ inline __m256i rounded(const float* x, int64_t count, __m256 inv) {
   return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+// 32 values in four vectors of 8 int32 lanes (a, b, c, d in order, each lane in byte range) as 32 bytes in that
+// order: int8 (packs) or, UNSIGNED, uint8 (packus). The packs interleave 4-lane pieces per 128-bit half; the
+// permutation puts them back.
+template <bool UNSIGNED>
+__attribute__((target("avx2,fma")))
+inline __m256i bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+  const __m256i packed = UNSIGNED ? _mm256_packus_epi16(ab, cd) : _mm256_packs_epi16(ab, cd);
+  return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 __attribute__((target("avx2,fma")))
 float row_max(const float* x, int64_t K) {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
@@ -64,7 +75,6 @@ __attribute__((target("avx2,fma")))
 void quantize_rows_avx2(const float* x, int64_t M, int64_t K, int64_t K4, bool per_pass, uint8_t* xu, float* s) {
   count_avx2_call();
   const float tiny = std::numeric_limits<float>::min();
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   float pass_max = 0.0f;
   for (int64_t m = 0; m < M; ++m) pass_max = std::max(pass_max, s[m] = std::max(row_max(x + m * K, K), tiny));
   for (int64_t m = 0; m < M; ++m) {
@@ -77,9 +87,7 @@ void quantize_rows_avx2(const float* x, int64_t M, int64_t K, int64_t K4, bool p
       const __m256i b = _mm256_add_epi32(rounded(xm + k + 8, K - k - 8, inv), off);
       const __m256i c = _mm256_add_epi32(rounded(xm + k + 16, K - k - 16, inv), off);
       const __m256i d = _mm256_add_epi32(rounded(xm + k + 24, K - k - 24, inv), off);
-      // the packs interleave 4-lane pieces per 128-bit half; the permutation puts them back in order
-      const __m256i bytes = _mm256_permutevar8x32_epi32(
-          _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)), order);
+      const __m256i bytes = bytes32<true>(a, b, c, d);
       if (k + 32 <= K4) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(xu + m * K4 + k), bytes);
       } else {  // the row's last K4 % 32 bytes
@@ -169,7 +177,6 @@ __attribute__((target("avx2,fma")))
 void quantize_rows4_avx2(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq, float* sr, int32_t* xsum) {
   count_avx2_call();
   const float tiny = std::numeric_limits<float>::min();
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t m = 0; m < M; ++m) {
     const float s = std::max(row_max(x + m * K, K), tiny);
     sr[m] = s / 127.0f;
@@ -179,10 +186,7 @@ void quantize_rows4_avx2(const float* x, int64_t M, int64_t K, int64_t Kp, int8_
       const int64_t k = j * 32;  // one sub-block: four vectors of 8, each lane in -127..127
       const __m256i a = rounded(xm + k, K - k, inv), b = rounded(xm + k + 8, K - k - 8, inv);
       const __m256i c = rounded(xm + k + 16, K - k - 16, inv), d = rounded(xm + k + 24, K - k - 24, inv);
-      // bytes in order: the packs interleave 4-lane pieces per 128-bit half; the permutation puts them back
-      const __m256i bytes = _mm256_permutevar8x32_epi32(
-          _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)), order);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + m * Kp + k), bytes);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + m * Kp + k), bytes32<false>(a, b, c, d));
       const __m256i t = _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d));  // (exact: small ints)
       const __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
       const __m128i v = _mm_add_epi32(u, _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 0, 3, 2)));
