@@ -37,6 +37,8 @@ CONFIGS = {
     "int4-mixed": ("int4-mixed", "int8_draft"),
     # every layer in int4 (the Q6_K tensors and the head too, as the drafts are): fewer bytes a step on AVX2-only CPUs
     "int4": ("int4", "int8_draft"),
+    # int8 after SmoothQuant-style smoothing (specdec.models.smoothing; --smooth-alpha): issue 39 point 3's calibration
+    "int8-smooth": ("int8-smooth", "int8_draft"),
     # llama.cpp's plain greedy decoding of the same preset's packaged GGUF (Q4_K_M): what CPU users already run
     "q4km": ("llama-cpp", None),
 }
@@ -77,7 +79,12 @@ def run(config: str, args: argparse.Namespace, problems) -> dict:
     quantize, draft_option = CONFIGS[config]
     if quantize == "llama-cpp":
         return scored(run_llama_cpp(args, problems))
-    target = specdec.load(args.target, dtype=args.dtype, **({"quantize": quantize} if quantize else {}))
+    if quantize == "int8-smooth":
+        from specdec.models.smoothing import smoothed_int8
+
+        target = smoothed_int8(args.target, args.smooth_alpha)
+    else:
+        target = specdec.load(args.target, dtype=args.dtype, **({"quantize": quantize} if quantize else {}))
     spec = getattr(args, draft_option)
     draft = None
     if spec != "none":
@@ -130,6 +137,7 @@ def main() -> int:
                         help="an earlier run's --json whose runs (same problems and settings) join this one's")
     parser.add_argument("--gamma", type=int, default=6)
     parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--smooth-alpha", type=float, default=0.5, help="int8-smooth: the smoothing's alpha")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--n-problems", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=256)

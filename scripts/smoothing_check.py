@@ -1,0 +1,87 @@
+"""How far the int8 target's logits are from the float model's, with and without SmoothQuant-style smoothing.
+
+    python scripts/smoothing_check.py --alphas 0,0.5,0.75 --json docs/results/smoothing/check.json
+    python scripts/smoothing_check.py --translation 0.5 --out docs/results/smoothing/translation_alpha0.5
+
+The second runs `specdec bench --task translation --n-prompts 40 --max-new-tokens 64 --methods specdec-plain` (the
+quality rule's chrF) on the int8 target smoothed with that alpha.
+
+Calibration (the activation maxima): shipped text and code that no benchmark evaluates
+(:func:`specdec.models.smoothing.calibration_texts`: German sentences of the translation corpus, its first half; six
+man pages of the summarization task; Python standard-library modules). Scored: held-out text of the same kinds (the
+corpus's other half, other modules). For each alpha (0 = no smoothing: the int8 target as it is) a fresh float32
+model is smoothed, quantized to int8 and scored against the float32 model's logits: mean KL(p_float || p_int8) a
+token and how often the argmax agrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import specdec
+from specdec.models.smoothing import activation_maxima, calibration_texts, smoothed_int8, token_batches
+
+
+@torch.no_grad()
+def logits(model, batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [model.hf_model(input_ids=ids, use_cache=False).logits[0].float() for ids in batches]
+
+
+def translation(target: str, alpha: float, out: str | None) -> int:
+    from specdec.bench.runner import run
+    from specdec.cli_parser import build_parser
+    from specdec.publish.tables import publish
+
+    bench = build_parser().parse_args(["bench", "--target", target, "--task", "translation", "--n-prompts", "40",
+                                       "--max-new-tokens", "64", "--methods", "specdec-plain", "--threads", "2"])
+    publish(run(bench, target=smoothed_int8(target, alpha)), None, out)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--alphas", default="0,0.5,0.75")
+    parser.add_argument("--length", type=int, default=256, help="tokens a sequence")
+    parser.add_argument("--json")
+    parser.add_argument("--translation", type=float, metavar="ALPHA", help="chrF of the target smoothed with ALPHA")
+    parser.add_argument("--out", help="--translation: the bench's output folder")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    if args.translation is not None:
+        return translation(args.target, args.translation, args.out)
+    float_model = specdec.load(args.target, dtype="fp32")
+    held_out = token_batches(float_model.tokenizer, calibration_texts("held_out"), args.length)
+    calibration = token_batches(float_model.tokenizer, calibration_texts(), args.length)
+    t = time.perf_counter()
+    reference = logits(float_model, held_out)
+    maxima = activation_maxima(float_model.hf_model, calibration)
+    print(f"{len(calibration)} calibration and {len(held_out)} held-out sequences of {args.length} tokens "
+          f"({time.perf_counter() - t:.0f} s)", flush=True)
+    del float_model
+    rows = []
+    for alpha in [float(a) for a in args.alphas.split(",")]:
+        model = smoothed_int8(args.target, alpha, maxima)
+        kl, agree, n = 0.0, 0, 0
+        for ref, out in zip(reference, logits(model, held_out)):
+            p_log, q_log = ref.log_softmax(-1), out.log_softmax(-1)
+            kl += (p_log.exp() * (p_log - q_log)).sum().item()
+            agree += (ref.argmax(-1) == out.argmax(-1)).sum().item()
+            n += ref.shape[0]
+        rows.append({"alpha": alpha, "mean_kl": kl / n, "argmax_agreement": agree / n, "tokens": n})
+        print(f"alpha {alpha}: mean KL(float || int8) {kl / n:.4f} nats a token, argmax agrees on {agree / n:.4f} "
+              f"of {n} tokens", flush=True)
+        del model
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": args.target, "length": args.length, "calibration_sequences": len(calibration),
+                       "held_out_sequences": len(held_out), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
