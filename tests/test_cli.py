@@ -239,26 +239,31 @@ def test_a_draft_is_resolved_once(model_dir, monkeypatch):
 def test_default_gamma_and_schedule_follow_the_draft():
     from specdec.config import INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE, GenerationConfig, speculation_defaults
 
-    default = speculation_defaults("m:int8")  # one int8 model draft: start at 6, adapt
-    assert default == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE) == (6, "adaptive")
+    # one sequence: every draft drafts 4 a round, constant (adapting from 6 lost to it on every CPU measured)
+    assert speculation_defaults("m:int8") == (None, None)
     assert speculation_defaults("m:int8", gamma=3) == (3, None)  # gamma alone: constant, as in the paper
-    assert speculation_defaults("m:int8", gamma_schedule="heuristic") == (6, "heuristic")
-    assert speculation_defaults("m:llama-cpp") == (6, "adaptive")  # a llama.cpp model draft: the same
-    assert speculation_defaults("prompt-lookup") == (None, None)  # the library defaults: 4, constant
-    assert speculation_defaults("a:int8<-prompt-lookup", gamma=5) == (5, None)  # a hierarchy
-    assert speculation_defaults("a:int8<-prompt-lookup") == (None, None)
-    assert speculation_defaults("some/model") == (None, None)  # an unquantized draft
-    assert speculation_defaults("m:int8", num_beams=2) == (None, None)  # beam search
-    assert speculation_defaults("none") == (None, None)
-    # the Python API sees the same policy
+    # a batch engine: one int8 model draft starts at 6 and adapts (the batch's shared gamma drafts less with more rows)
+    default = speculation_defaults("m:int8", batched=True)
+    assert default == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE) == (6, "adaptive")
+    assert speculation_defaults("m:int8", gamma=3, batched=True) == (3, None)
+    assert speculation_defaults("m:int8", gamma_schedule="heuristic", batched=True) == (6, "heuristic")
+    assert speculation_defaults("m:llama-cpp", batched=True) == (6, "adaptive")  # a llama.cpp model draft: the same
+    assert speculation_defaults("m:int4@65536", batched=True) == (6, "adaptive")
+    assert speculation_defaults("prompt-lookup", batched=True) == (None, None)  # the library defaults: 4, constant
+    assert speculation_defaults("a:int8<-prompt-lookup", gamma=5, batched=True) == (5, None)  # a hierarchy
+    assert speculation_defaults("a:int8<-prompt-lookup", batched=True) == (None, None)
+    assert speculation_defaults("some/model", batched=True) == (None, None)  # an unquantized draft
+    assert speculation_defaults("m:int8", num_beams=2, batched=True) == (None, None)  # beam search
+    assert speculation_defaults("none", batched=True) == (None, None)
+    # the Python API sees the same policy (one sequence)
     config = GenerationConfig.for_draft("m:int8", max_new_tokens=5)
-    assert (config.gamma, config.gamma_schedule, config.max_new_tokens) == (6, "adaptive", 5)
+    assert (config.gamma, config.gamma_schedule, config.max_new_tokens) == (4, "constant", 5)
     assert (GenerationConfig.for_draft("bigram").gamma, GenerationConfig.for_draft(None).gamma) == (4, 4)
-    # the CLI applies it to the draft it runs: the CPU default, a hierarchy, drafts 4 a round, constant
+    # the CLI applies it to the draft it runs: the CPU default (a hierarchy) and one int8 draft, 4 a round, constant
     args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu"])
     assert speculation_defaults(cli.draft_spec(args)) == (None, None)
     args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu", "--draft", "qwen2.5-coder-0.5b:int8"])
-    assert speculation_defaults(cli.draft_spec(args)) == (6, "adaptive")
+    assert speculation_defaults(cli.draft_spec(args)) == (None, None)
 
 
 def forbid_loading(monkeypatch):

@@ -349,7 +349,7 @@ def test_bench_runs_transformers_universal_assisted_generation_as_a_peer(target,
 
 
 def test_cli_takes_a_draft_with_another_tokenizer(target, tokenizers, tmp_path, capsys):
-    # --draft FOLDER with another tokenizer: quantized (FOLDER:int8, the int8 policy's adaptive schedule) and
+    # --draft FOLDER with another tokenizer: quantized (FOLDER:int8) and
     # not, other schedules, and as the last level of a hierarchy; greedy output equals plain decoding.
     import json
 

@@ -74,7 +74,9 @@ def test_completions_equal_generate(server, client, reference, prompt):
     assert out.choices[0].text == ref.text and out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ref.prompt_ids), 12)
     stats = out.model_extra["specdec"]
-    assert stats["exact"] and stats["new_tokens"] == 12 and stats["gamma_schedule"] == "adaptive"  # the policy for one int8 model draft
+    # the policy for one int8 model draft: adapting from 6 in the batch engine, 4 a round, constant, one at a time
+    schedule = "adaptive" if server.max_batch > 1 else "constant"
+    assert stats["exact"] and stats["new_tokens"] == 12 and stats["gamma_schedule"] == schedule
     assert 1 <= stats["target_calls"] <= 12 and 0 <= stats["accepted"] <= stats["drafted"]
     # the statistics' own conventions: tokens per target call counts the bonus token; alpha is a mean of
     # sum_x min(p, q) over verified positions, so it lies in [0, 1] whenever anything was drafted

@@ -52,8 +52,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                         "their quality). Default for the packaged target on CPU without --dtype: int4-mixed where "
                         "the CPU has AVX-512 VNNI, int4 on AVX2 without it, else int8; 'none' keeps it in bf16")
     p.add_argument("--gamma", type=int, default=None,
-                   help=f"draft tokens per target call (default: 4, constant; with one int8 model draft alone, start "
-                        f"at {INT8_DRAFT_GAMMA} and adapt)")
+                   help=f"draft tokens per target call (default: 4, constant; serve's batch engine with one int8 "
+                        f"model draft: start at {INT8_DRAFT_GAMMA} and adapt)")
     p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
                    help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
                         "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "

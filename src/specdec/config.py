@@ -44,8 +44,10 @@ DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
 DEFAULT_DRAFT_VOCABULARY_CPU: int | None = None
 DEFAULT_DRAFT_VOCABULARY_VNNI: int | None = 65536
 DEFAULT_GAMMA = 4
-# One int8 model draft: start at this gamma (Theorem 8 on the packaged pair's measured alpha and c; README,
-# "Benchmark") and adapt from there (specdec.schedules.AdaptiveSchedule), unless gamma is given.
+# One int8 model draft in a batch engine (specdec serve --max-batch > 1): start at this gamma and adapt from there
+# (the batch's shared gamma, specdec.batching's BatchGamma, drafts less as rows are added), unless gamma is given.
+# One sequence drafts a constant DEFAULT_GAMMA with every draft: adapting from 6 was 0.90-0.94x constant 4 for a lone
+# int8 or int4 0.5B on every CPU measured (docs/cpu_default.md, issue 39 point 4).
 INT8_DRAFT_GAMMA = 6
 INT8_DRAFT_SCHEDULE = "adaptive"
 # The varying schedules' upper bound on gamma when max_gamma is not given: max(MAX_GAMMA_FLOOR, gamma).
@@ -86,14 +88,14 @@ def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) 
 
 
 def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,
-                         num_beams: int | None = None) -> tuple[int | None, str | None]:
+                         num_beams: int | None = None, batched: bool = False) -> tuple[int | None, str | None]:
     """(gamma, gamma_schedule) for ``draft`` (a draft specification, see specdec.drafters.spec); None leaves
-    the GenerationConfig default. One int8 (or llama.cpp) model draft outside beam search starts at INT8_DRAFT_GAMMA and,
-    when gamma is not given either, adapts (INT8_DRAFT_SCHEDULE); every other draft keeps the defaults.
-    A given gamma alone drafts a constant gamma, as in the paper."""
+    the GenerationConfig default (4, constant). In a batch engine (``batched``) one int8, int4 or llama.cpp model
+    draft starts at INT8_DRAFT_GAMMA and, when gamma is not given either, adapts (INT8_DRAFT_SCHEDULE); one sequence
+    and every other draft keep the defaults. A given gamma alone drafts a constant gamma, as in the paper."""
     from specdec.drafters import plan_draft
 
-    if not isinstance(draft, str) or gamma is not None or (num_beams or 1) > 1:
+    if not batched or not isinstance(draft, str) or gamma is not None or (num_beams or 1) > 1:
         return gamma, gamma_schedule
     levels = plan_draft(draft).levels  # a quantized level is a model level: the parser refuses quantized drafters
     if len(levels) != 1 or levels[0].quantize not in ("int8", "int4", "llama-cpp"):
