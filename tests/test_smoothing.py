@@ -55,3 +55,10 @@ def test_bad_settings_are_refused():
         smooth(hf, maxima, alpha=1.5)
     with pytest.raises(SpecDecError, match="decoder blocks"):
         smooth(torch.nn.Sequential(torch.nn.Linear(2, 2)), maxima)
+    with pytest.raises(SpecDecError, match=r"no calibration maxima for model.layers.0's self_attn.q_proj"):
+        smooth(hf, {k: v for k, v in maxima.items() if k != "model.layers.0.self_attn.q_proj"})
+    del hf.model.layers[1].mlp.up_proj
+    norm = hf.model.layers[0].input_layernorm.weight.clone()
+    with pytest.raises(SpecDecError, match="Qwen2 and Llama blocks; model.layers.1 has no mlp.up_proj"):
+        smooth(hf, maxima)
+    assert torch.equal(hf.model.layers[0].input_layernorm.weight, norm)  # nothing changed before the error

@@ -56,8 +56,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                         f"model draft: start at {INT8_DRAFT_GAMMA} and adapt)")
     p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
                    help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
-                        "alpha, c and verification cost; the default with one int8 model draft unless --gamma is "
-                        "given), confidence (the draft stops when unsure)")
+                        "alpha, c and verification cost; the default of serve's batch engine with one int8 model draft "
+                        "unless --gamma is given), confidence (the draft stops when unsure)")
     p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
     p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
 

@@ -9,8 +9,8 @@ weight's column j by it, the same function in real arithmetic, with
 (max|X_j| over calibration text, max|W_j| over the weight rows of every layer reading that input). The division
 is folded into what writes the input: the RMSNorm's weight before q / k / v and before gate / up, up_proj's rows
 before down_proj, v_proj's rows before o_proj (per key/value head: every query head of a group shares them). The
-output layer is left alone (its weight is tied to the embedding table). Works on Qwen2 and Llama blocks (the
-attribute names of transformers' models); the bits of the int8 kernel are unchanged, only its weights.
+output layer is left alone. Works on Qwen2 and Llama blocks (the attribute names of transformers' models); the bits
+of the int8 kernel are unchanged, only its weights.
 """
 
 from __future__ import annotations
@@ -65,6 +65,28 @@ def _divide_rows(linear, s: torch.Tensor) -> None:
         linear.bias.div_(s.to(linear.bias.dtype))
 
 
+PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+         "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+CALIBRATED = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")  # whose inputs are smoothed
+
+
+def _check_block(block, name: str, maxima: dict[str, torch.Tensor]) -> None:
+    def has(part: str) -> bool:
+        try:
+            block.get_submodule(part)
+            return True
+        except AttributeError:
+            return False
+
+    missing = [p for p in PARTS if not has(p)]
+    if missing:
+        raise SpecDecError(f"smoothing knows Qwen2 and Llama blocks; {name} has no {', '.join(missing)}")
+    missing = [p for p in CALIBRATED if f"{name}.{p}" not in maxima]
+    if missing:
+        raise SpecDecError(f"no calibration maxima for {name}'s {', '.join(missing)}: run activation_maxima on this "
+                           "model first")
+
+
 @torch.no_grad()
 def smooth(hf, maxima: dict[str, torch.Tensor], alpha: float = 0.5) -> int:
     """Smooth every decoder block of ``hf`` in place with the calibration ``maxima`` (:func:`activation_maxima`);
@@ -78,6 +100,8 @@ def smooth(hf, maxima: dict[str, torch.Tensor], alpha: float = 0.5) -> int:
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     done = 0
+    for i, block in enumerate(hf.get_submodule(prefix)):  # every block checked before any is changed
+        _check_block(block, f"{prefix}.{i}", maxima)
     for i, block in enumerate(hf.get_submodule(prefix)):
         name = f"{prefix}.{i}"
         attn, mlp = block.self_attn, block.mlp
