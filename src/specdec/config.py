@@ -46,7 +46,7 @@ DEFAULT_DRAFT_VOCABULARY_VNNI: int | None = 65536
 DEFAULT_GAMMA = 4
 # One int8 model draft in a batch engine (specdec serve --max-batch > 1): start at this gamma and adapt from there
 # (the batch's shared gamma, specdec.batching's BatchGamma, drafts less as rows are added), unless gamma is given.
-# One sequence drafts a constant DEFAULT_GAMMA with every draft: adapting from 6 was 0.90-0.94x constant 4 for a lone
+# One sequence drafts a constant DEFAULT_GAMMA with every draft: adapting from 6 was 0.90-0.97x constant 4 for a lone
 # int8 or int4 0.5B on every CPU measured (docs/cpu_default.md, issue 39 point 4).
 INT8_DRAFT_GAMMA = 6
 INT8_DRAFT_SCHEDULE = "adaptive"
