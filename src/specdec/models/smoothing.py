@@ -46,11 +46,14 @@ def activation_maxima(hf, batches: Iterable[torch.Tensor]) -> dict[str, torch.Te
     return maxima
 
 
-def scales(x_max: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
-    """s [in] = max|X| ** alpha / max|W| ** (1 - alpha), the weights' maxima taken per column over all of them."""
-    w_max = torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)  # [in]
-    s = x_max.clamp(min=1e-5).pow(alpha) / w_max.clamp(min=1e-5).pow(1 - alpha)
-    return s.clamp(min=1e-5)
+def scales(x_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s = max|X| ** alpha / max|W| ** (1 - alpha), per input channel (any shape, the same for both)."""
+    return (x_max.clamp(min=1e-5).pow(alpha) / w_max.clamp(min=1e-5).pow(1 - alpha)).clamp(min=1e-5)
+
+
+def column_maxima(weights: list[torch.Tensor]) -> torch.Tensor:
+    """max |W| [in] per column over every weight [out, in] given (the layers that read one input)."""
+    return torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)
 
 
 @torch.no_grad()
@@ -99,6 +102,7 @@ def smooth(hf, maxima: dict[str, torch.Tensor], alpha: float = 0.5) -> int:
     config = hf.config
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    group = heads // kv_heads  # query heads per key/value head
     done = 0
     for i, block in enumerate(hf.get_submodule(prefix)):  # every block checked before any is changed
         _check_block(block, f"{prefix}.{i}", maxima)
@@ -108,19 +112,18 @@ def smooth(hf, maxima: dict[str, torch.Tensor], alpha: float = 0.5) -> int:
         qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
         for norm, linears, first in ((block.input_layernorm, qkv, "self_attn.q_proj"),
                                      (block.post_attention_layernorm, gate_up, "mlp.gate_proj")):
-            s = scales(maxima[f"{name}.{first}"], [lin.weight for lin in linears], alpha)  # [hidden]
+            s = scales(maxima[f"{name}.{first}"], column_maxima([lin.weight for lin in linears]), alpha)  # [hidden]
             norm.weight.div_(s.to(norm.weight.dtype))
             for lin in linears:
                 _scale_columns(lin, s)
             done += len(linears)
-        s = scales(maxima[f"{name}.mlp.down_proj"], [mlp.down_proj.weight], alpha)  # [intermediate]
+        s = scales(maxima[f"{name}.mlp.down_proj"], column_maxima([mlp.down_proj.weight]), alpha)  # [intermediate]
         _divide_rows(mlp.up_proj, s)
         _scale_columns(mlp.down_proj, s)
         # o_proj's input channel (query head h, dim d) is value channel (h // group, d): one s per value channel
-        group = heads // kv_heads
         x = maxima[f"{name}.self_attn.o_proj"].view(kv_heads, group, head_dim).amax(dim=1)  # [kv_heads, head_dim]
-        w = attn.o_proj.weight.detach().float().abs().amax(dim=0).view(kv_heads, group, head_dim).amax(dim=1)
-        s_kv = (x.clamp(min=1e-5).pow(alpha) / w.clamp(min=1e-5).pow(1 - alpha)).clamp(min=1e-5)  # [kv_heads, head_dim]
+        w = column_maxima([attn.o_proj.weight]).view(kv_heads, group, head_dim).amax(dim=1)  # [kv_heads, head_dim]
+        s_kv = scales(x, w, alpha)  # [kv_heads, head_dim]
         _divide_rows(attn.v_proj, s_kv.reshape(-1))
         _scale_columns(attn.o_proj, s_kv[:, None, :].expand(kv_heads, group, head_dim).reshape(-1))
         done += 2
