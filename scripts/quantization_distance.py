@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 import torch
 
 import specdec
+from specdec.analysis import logit_distance
 from specdec.tasks import humaneval_path
 from specdec.models.quantize import METHODS
 
@@ -41,13 +42,11 @@ def closeness(p_model, q_model, texts: list[tuple[str, str]]) -> dict:
         with torch.inference_mode():
             lp = p_model.start(ids)[0].logits_of(ids, len(ids)).float()[n_prompt - 1: -1]  # [solution, V]
             lq = q_model.start(ids)[0].logits_of(ids, len(ids)).float()[n_prompt - 1: -1]
-        width = min(lp.shape[-1], lq.shape[-1])
-        lp, lq = lp[:, :width], lq[:, :width]
-        agree += int((lp.argmax(-1) == lq.argmax(-1)).sum())
+        d = logit_distance(lp, lq)
+        agree += int(d.agree.sum())
         positions += lp.shape[0]
-        p, q = lp.softmax(-1), lq.softmax(-1)
-        betas.extend(torch.minimum(p, q).sum(-1).tolist())
-        kls.extend((p * (lp.log_softmax(-1) - lq.log_softmax(-1))).sum(-1).tolist())
+        betas.extend(d.beta.tolist())
+        kls.extend(d.kl.tolist())
     return {"top1_agreement": agree / positions, "alpha_t1": statistics.fmean(betas), "kl": statistics.fmean(kls),
             "positions": positions}
 

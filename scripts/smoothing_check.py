@@ -23,6 +23,7 @@ import time
 import torch
 
 import specdec
+from specdec.analysis import logit_distance
 from specdec.models.smoothing import activation_maxima, calibration_texts, smoothed_int8, token_batches
 
 
@@ -68,9 +69,9 @@ def main() -> int:
         model = smoothed_int8(args.target, alpha, maxima)
         kl, agree, n = 0.0, 0, 0
         for ref, out in zip(reference, logits(model, held_out)):
-            p_log, q_log = ref.log_softmax(-1), out.log_softmax(-1)
-            kl += (p_log.exp() * (p_log - q_log)).sum().item()
-            agree += (ref.argmax(-1) == out.argmax(-1)).sum().item()
+            d = logit_distance(ref, out)
+            kl += d.kl.sum().item()
+            agree += d.agree.sum().item()
             n += ref.shape[0]
         rows.append({"alpha": alpha, "mean_kl": kl / n, "argmax_agreement": agree / n, "tokens": n})
         print(f"alpha {alpha}: mean KL(float || int8) {kl / n:.4f} nats a token, argmax agrees on {agree / n:.4f} "

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec.analysis import (
-    alpha_from_distributions, expected_tokens, lk_divergence, min_improvement, operations_factor,
+    alpha_from_distributions, expected_tokens, lk_divergence, logit_distance, min_improvement, operations_factor,
     optimal_gamma, oracle_expected_tokens, speculation_pays, walltime_improvement,
 )
 
@@ -76,6 +76,26 @@ def test_alpha_and_divergence_lemma_3():
     beta = alpha_from_distributions(p, q)
     torch.testing.assert_close(beta, torch.tensor([0.9, 0.0]))
     torch.testing.assert_close(lk_divergence(p, q), 1 - beta)  # Lemma 3; disjoint supports give 1
+
+
+def test_logit_distance_kl_beta_and_agreement():
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(3, 5, 7, generator=g)  # [batch, positions, V]
+    lq = lp + 0.5 * torch.randn(3, 5, 9, generator=g)[..., :7]
+    lq_padded = torch.cat([lq, torch.full((3, 5, 2), -1e4)], -1)  # a padded vocabulary's extra rows, cut
+    d = logit_distance(lp.double(), lq_padded)
+    expected_kl = torch.nn.functional.kl_div(lq.log_softmax(-1), lp.log_softmax(-1), log_target=True,
+                                             reduction="none").sum(-1)
+    torch.testing.assert_close(d.kl, expected_kl)
+    torch.testing.assert_close(d.beta, alpha_from_distributions(lp.softmax(-1), lq.softmax(-1)))
+    assert d.agree.tolist() == (lp.argmax(-1) == lq.argmax(-1)).tolist()
+    assert 0 < int(d.agree.sum()) < 15  # the noise moves some argmaxes, not all
+    same = logit_distance(lp, lp + 3.0)  # a shift of the logits is the same distribution
+    torch.testing.assert_close(same.kl, torch.zeros(3, 5), atol=1e-6, rtol=0)
+    torch.testing.assert_close(same.beta, torch.ones(3, 5))
+    assert bool(same.agree.all())
+    with pytest.raises(ValueError, match="same positions"):
+        logit_distance(lp, lq[:, :4])
 
 
 def test_lenience_alpha_appendix_a5():

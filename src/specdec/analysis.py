@@ -16,6 +16,7 @@ All functions accept alpha = 1 and alpha = 0 without dividing by zero.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -126,3 +127,28 @@ def lk_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """D_LK(p, q) = sum_x |p(x) - M(x)| with M = (p + q) / 2, which equals 1 - sum_x min(p, q)
     (Definition 2, Lemma 3). p, q: [..., V] -> [...]."""
     return (p - (p + q) / 2).abs().sum(-1)
+
+
+class LogitDistance(NamedTuple):
+    """How far q's next-token distributions are from p's, per position (each [...])."""
+
+    kl: torch.Tensor  # KL(p || q) in nats
+    beta: torch.Tensor  # sum_x min(p(x), q(x)) at temperature 1 (Theorem 5)
+    agree: torch.Tensor  # bool: the argmaxes agree (beta at temperature 0)
+
+
+def logit_distance(lp: torch.Tensor, lq: torch.Tensor) -> LogitDistance:
+    """KL(p || q), beta and argmax agreement of two models' logits at the same positions, teacher-forced (what
+    scripts/quantization_distance.py and scripts/smoothing_check.py report for a quantized copy q of p).
+
+    lp, lq: [..., V_p], [..., V_q] logits; both are cut to the shorter vocabulary (a padded embedding's extra rows)
+    and computed in float32.
+    """
+    if lp.shape[:-1] != lq.shape[:-1]:
+        raise ValueError(f"logits of p and q must cover the same positions, got shapes {tuple(lp.shape)} and "
+                         f"{tuple(lq.shape)}")
+    width = min(lp.shape[-1], lq.shape[-1])
+    log_p, log_q = lp[..., :width].float().log_softmax(-1), lq[..., :width].float().log_softmax(-1)  # [..., V]
+    p = log_p.exp()
+    return LogitDistance(kl=(p * (log_p - log_q)).sum(-1), beta=alpha_from_distributions(p, log_q.exp()),
+                         agree=log_p.argmax(-1) == log_q.argmax(-1))
