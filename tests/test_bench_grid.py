@@ -160,26 +160,33 @@ def test_theorem_8_c_of_a_draft_with_another_tokenizer():
 
 
 def test_batch_axis_runs_each_batch_size_and_predicts_theorem8_per_batch(tiny_pair, task_file):
-    """--batch-sizes: every prompt through the batch engine at each B, plain and speculative; fp32 greedy rows
-    equal plain's at the same B; Theorem 8 per B from the engine's own timers."""
+    """--batch-sizes: every prompt through the batch engine at each B, plain and speculative (each constant gamma
+    and each varying schedule); fp32 greedy rows equal plain's at the same B; Theorem 8 per B from the engine's own
+    timers (a varying schedule has none: its drafted tokens a call instead)."""
     target, draft = tiny_pair
     pool = ModelPool("fp32", {"tiny-draft": draft})
     args = parse("--prompts-file", str(task_file), "--n-prompts", "3", "--max-new-tokens", "8", "--drafts", "tiny-draft",
-                 "m<-bigram", "--gammas", "2,3", "--methods", "specdec-plain,specdec-spec", "--batch-sizes", "1,2",
-                 "--warmup", "0", "--dtype", "fp32")
+                 "m<-bigram", "--gammas", "2,3", "--gamma-schedules", "constant,adaptive", "--gamma", "6",
+                 "--methods", "specdec-plain,specdec-spec", "--batch-sizes", "1,2", "--warmup", "0", "--dtype", "fp32")
     pool.models["m"] = draft
     result = bench.run(args, target=target, pool=pool, progress=False)
     batch = result["batch"]["0"]
     got = {(r["batch"], r["label"]) for r in batch["rows"]}
-    spec = ["specdec-spec[tiny-draft,gamma=2]", "specdec-spec[tiny-draft,gamma=3]"]
-    assert got == {(b, label) for b in (1, 2) for label in ["specdec-plain", *spec]}
+    constant = ["specdec-spec[tiny-draft,gamma=2]", "specdec-spec[tiny-draft,gamma=3]"]
+    adaptive = "specdec-spec[tiny-draft,gamma=6,adaptive]"
+    assert got == {(b, label) for b in (1, 2) for label in ["specdec-plain", *constant, adaptive]}
     for r in batch["rows"]:
         assert r["new_tokens"] == 3 * 8 and r["tokens_per_second"] > 0
         if r["draft"] is not None:
             assert r["identical_to_plain"] == "3/3"  # exact: the same tokens as plain rows at the same B
-            assert 0 <= r["alpha"] <= 1 and r["c_batch"] > 0 and r["verify_cost_ratio_batch"] > 0
-            assert r["predicted_speedup"] > 0 and r["speedup_vs_plain"] > 0
-    assert set(batch["stops_paying_at"]) == set(spec)
+            assert 0 <= r["alpha"] <= 1 and r["c_batch"] > 0 and r["speedup_vs_plain"] > 0
+            if r["label"] == adaptive:
+                assert r["predicted_speedup"] is None and r["verify_cost_ratio_batch"] is None
+                assert 0 < r["drafted_per_call"] <= 6  # BatchGamma's choices, at most its start of 6
+            else:
+                assert r["verify_cost_ratio_batch"] > 0 and r["predicted_speedup"] > 0
+                assert 0 < r["drafted_per_call"] <= r["gamma"]
+    assert set(batch["stops_paying_at"]) == {*constant, adaptive}
     # a hierarchy runs one sequence at a time: named as skipped, with the reason
     assert any("m<-bigram" in k and "hierarchies" in why for k, why in batch["skipped"].items())
 
@@ -207,5 +214,5 @@ def test_batch_theorem8_and_where_speculation_stops_paying():
     from specdec.publish.tables import batch_markdown
 
     text = batch_markdown({"batch": {"1": out}})
-    assert "| 4 | d | 36.00 | 0.50 | 0.100 | 1.50 | 1.03 | 0.90 |" in text
+    assert "| 4 | d | 36.00 | 0.50 | 0.100 | 1.50 | 1.03 | 0.90 | – | –" in text  # (no drafted counts recorded)
     assert "- d: speculation stops paying at B = 4" in text

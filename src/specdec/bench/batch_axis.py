@@ -2,7 +2,8 @@
 
 Every prompt of the task goes through the batch engine (:mod:`specdec.batching`) with at most B rows at
 once (continuous batching: a prompt joins as a row finishes), plain and with each draft at each constant
-gamma, at every B. A round over B rows makes gamma draft steps over the B rows (D(B) seconds each) and
+gamma and each varying schedule of the grid (``--gamma-schedules constant,adaptive --gamma 6``: the schedule
+``specdec serve``'s batch engine starts one int8 or int4 model draft with), at every B. A round over B rows makes gamma draft steps over the B rows (D(B) seconds each) and
 one target pass over B (gamma + 1) tokens (T(B (gamma + 1)) seconds), and yields sum_i E(alpha_i, gamma)
 tokens, where plain decoding yields B tokens per T(B). Speculation over B rows therefore gains
 
@@ -12,7 +13,8 @@ tokens, where plain decoding yields B tokens per T(B). Speculation over B rows t
 pass over B (gamma + 1) tokens stops being bound by reading the weights, v_B grows, and speculation
 stops paying where speedup(B) < 1. D and T are the engine's own timers in the same runs (seconds per
 draft step by rows, per target pass by tokens fed); the measured speedup is tokens/s with the draft
-over plain tokens/s at the same B.
+over plain tokens/s at the same B. A varying schedule has no single gamma to predict with (no Theorem 8 there);
+every speculative row reports the tokens it drafted a target call.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from specdec.errors import SpecDecError
 
 
 def batch_cells(cells: list[Cell]) -> list[Cell]:
-    """The configurations with a batch axis: plain, and each exact constant-gamma speculative one."""
+    """The configurations with a batch axis: plain, and each exact speculative one (every gamma schedule)."""
     return [c for c in cells if c.method == "specdec-plain" or (
-        c.method == "specdec-spec" and c.schedule == "constant" and c.lenience == 1.0 and c.verification == "token")]
+        c.method == "specdec-spec" and c.lenience == 1.0 and c.verification == "token")]
 
 
 def run_batch(target: Any, draft: Any, cell: Cell, prompts: list[list[int]], batch: int, temperature: float,
@@ -38,10 +40,10 @@ def run_batch(target: Any, draft: Any, cell: Cell, prompts: list[list[int]], bat
     """One timed run of every prompt through the batch engine, at most ``batch`` rows at once."""
     from specdec.batching import batch_engine
 
-    config = GenerationConfig.from_options(gamma=cell.gamma or 1, temperature=temperature,
-                                           max_new_tokens=max_new_tokens, seed=seed)
+    config = GenerationConfig.from_options(gamma=cell.gamma or 1, gamma_schedule=cell.schedule,
+                                           temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     record: dict[str, Any] = {"record": "batch", "temperature": temperature, "batch": batch, "label": cell.label,
-                              "draft": cell.draft, "gamma": cell.gamma}
+                              "draft": cell.draft, "gamma": cell.gamma, "schedule": cell.schedule}
     try:
         engine, row_draft = batch_engine(target, draft if cell.draft else None, [config], batch)
     except SpecDecError as e:  # a hierarchy, a draft with another tokenizer: one sequence at a time only
@@ -51,6 +53,7 @@ def run_batch(target: Any, draft: Any, cell: Cell, prompts: list[list[int]], bat
     stats = [row.output.stats for row in rows]
     return {**record, "tokens": [list(row.output.token_ids) for row in rows], "seconds": seconds,
             "cpu_seconds": cpu, "beta_sum": sum(s.beta_sum for s in stats), "beta_count": sum(s.beta_count for s in stats),
+            "drafted": sum(s.drafted for s in stats), "row_calls": sum(s.target_calls for s in stats),
             "target_calls": engine.rounds,
             "target_time": {str(k): v for k, v in engine.gamma_policy.target_time.items()},  # tokens fed -> s
             "draft_time": {str(k): v for k, v in engine.gamma_policy.draft_time.items()}}  # rows -> s per step
@@ -70,12 +73,14 @@ def batch_rows(records: list[dict[str, Any]]) -> dict[str, Any]:
         base = plain.get(r["batch"])
         if r["draft"] is not None and base is not None:
             b, g = r["batch"], r["gamma"]
+            constant = r.get("schedule", "constant") == "constant"
             t_plain = base["target_time"].get(str(b))
             alpha = ratio(r["beta_sum"], r["beta_count"])
             c_b = ratio(r["draft_time"].get(str(b)), t_plain)
-            v_b = ratio(r["target_time"].get(str(b * (g + 1))), t_plain)
+            v_b = ratio(r["target_time"].get(str(b * (g + 1))), t_plain) if constant else None
             predicted = (expected_tokens(min(alpha, 1.0), g) / (g * c_b + v_b)
                          if None not in (alpha, c_b, v_b) else None)
+            row["drafted_per_call"] = ratio(r.get("drafted"), r.get("row_calls"))  # what the schedule drafted
             plain_rate = ratio(sum(len(t) for t in base["tokens"]), base["seconds"])
             same = sum(a == p for a, p in zip(r["tokens"], base["tokens"]))
             row.update(alpha=alpha, c_batch=c_b, verify_cost_ratio_batch=v_b, predicted_speedup=predicted,

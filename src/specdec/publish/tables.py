@@ -236,12 +236,13 @@ def batch_markdown(result: dict[str, Any]) -> str:
     for t, block in result["batch"].items():
         lines += [f"Batch axis, temperature {t}: every prompt through the batch engine, at most B rows at once",
                   "", "| B | method | tokens/s | alpha | c_B | v_B = T(B(gamma+1))/T(B) | EXP (Theorem 8, B rows) | "
-                  "EMP (vs plain, same B) | tokens == plain |", "|---|---|---|---|---|---|---|---|---|"]
+                  "EMP (vs plain, same B) | tokens == plain | drafted a call |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(block["rows"], key=lambda r: (r["batch"], r["draft"] is not None, r["label"])):
             lines.append(f"| {r['batch']} | {r['label']} | {fmt(r['tokens_per_second'], '.2f')} | "
                          f"{fmt(r.get('alpha'), '.2f')} | {fmt(r.get('c_batch'), '.3f')} | "
                          f"{fmt(r.get('verify_cost_ratio_batch'), '.2f')} | {fmt(r.get('predicted_speedup'), '.2f')} | "
-                         f"{fmt(r.get('speedup_vs_plain'), '.2f')} | {r.get('identical_to_plain') or MISSING} |")
+                         f"{fmt(r.get('speedup_vs_plain'), '.2f')} | {r.get('identical_to_plain') or MISSING} | "
+                         f"{fmt(r.get('drafted_per_call'), '.2f')} |")
         lines.append("")
         for label, b in block["stops_paying_at"].items():
             lines.append(f"- {label}: " + (f"speculation stops paying at B = {b}" if b is not None
