@@ -192,6 +192,24 @@ def test_the_batch_gamma_drafts_less_as_the_batch_grows():
     assert BatchGamma(gamma=4, max_gamma=8).choose([0.8]) == 4  # nothing timed yet: the configured gamma
 
 
+def test_the_batch_gamma_does_not_count_a_catch_up_as_draft_steps():
+    """A round after plain rounds first feeds the draft the tokens it missed: its time is not a draft step's (as in
+    the one-sequence schedule). Counted, a probe after plain rounds made drafting look dear enough to stop it."""
+    def policy_after(rounds):
+        policy = BatchGamma(gamma=4, max_gamma=8)
+        for rows, width, drafted, time_draft in rounds:
+            policy.observe(rows, width, (20 + rows * width) / 1000, drafted, time_draft)
+        return policy
+
+    steady = [(2, 1, 2, 0.004), (2, 5, 4, 0.008), (2, 3, 2, 0.004)]  # 2 ms a step of 2 rows
+    after_plain = steady + [(2, 1, 0, 0.0), (2, 2, 1, 0.040)]  # a plain round, then 1 token after a 40 ms catch-up
+    assert policy_after(steady).draft_time == {2: pytest.approx(0.002)}
+    assert policy_after(after_plain).draft_time == {2: pytest.approx(0.002)}
+    assert policy_after(after_plain).choose([0.9] * 2) == policy_after(steady).choose([0.9] * 2) > 0
+    resumed = after_plain + [(2, 4, 3, 0.009)]  # drafting again: its steps count (3 ms)
+    assert policy_after(resumed).draft_time[2] == pytest.approx(0.9 * 0.002 + 0.1 * 0.003)
+
+
 def test_bad_batch_requests_name_the_problem():
     target = load_tiny(eos=None)
     with pytest.raises(specdec.SpecDecError, match="one per prompt"):

@@ -280,14 +280,19 @@ class BatchGamma:
         self.target_time = DecayedTimes(decay)  # tokens fed -> averaged seconds
         self.draft_time = DecayedTimes(decay)  # rows -> averaged seconds of one draft step
         self._probe = PlainProbe(probe_every)
+        self._drafted_before: bool | None = None  # did the previous round draft? (None: no round yet)
 
     def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float) -> None:
         """A round of ``rows`` rows whose target pass fed ``width`` tokens per row; ``drafted``: the most
-        tokens a row drafted (draft steps), in ``time_draft`` seconds."""
+        tokens a row drafted (draft steps), in ``time_draft`` seconds. As the one-sequence schedule, a round after
+        one that did not draft is not a draft step's time: its draft first caught up with the plain rounds' tokens
+        (counted, the catch-ups made a draft step of 2 rows look 2.6x dearer than it was, and the batch stopped drafting
+        where drafting paid: docs/serving.md)."""
         if time_target > 0:
             self.target_time.observe(rows * width, time_target)
-        if drafted > 0 and time_draft > 0:
+        if drafted > 0 and time_draft > 0 and self._drafted_before:
             self.draft_time.observe(rows, time_draft / drafted)
+        self._drafted_before = drafted > 0
 
     def choose(self, alphas: Sequence[float], rows: int | None = None) -> int:
         """The batch's gamma for the adaptive rows with these alphas, in a batch of ``rows`` rows (default: those;
