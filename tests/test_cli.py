@@ -92,7 +92,10 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     assert ("qwen2.5-coder-0.5b:int4@65536<-prompt-lookup where it has AVX-512 VNNI or AVX2, else "
             "qwen2.5-coder-0.5b:int8<-prompt-lookup") in draft_help
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
-    assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"  # the batch engine drafts with one model
+    assert draft_spec(served) == f"qwen2.5-coder-0.5b:{quant}"  # the batch engine drafts with one model
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(int8_vnni, "cpu_supported", lambda: False)
+        assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
     assert spec("--draft", "m", "--draft-quantize", "int8") == "m:int8"
     # one syntax: repeated --draft is the hierarchy A<-B; --draft-quantize fills the levels that name none
@@ -237,24 +240,15 @@ def test_a_draft_is_resolved_once(model_dir, monkeypatch):
 
 
 def test_default_gamma_and_schedule_follow_the_draft():
-    from specdec.config import INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE, GenerationConfig, speculation_defaults
+    from specdec.config import GenerationConfig, speculation_defaults
 
-    # one sequence: every draft drafts 4 a round, constant (adapting from 6 lost to it on every CPU measured)
-    assert speculation_defaults("m:int8") == (None, None)
+    # every draft drafts 4 a round, constant, one sequence or a batch (adapting from 6 lost to it on every CPU
+    # measured, and in serve's batch engine at 1, 2 and 8 rows): what is given is kept, nothing else is added
+    for spec in ("m:int8", "m:int4@65536", "m:llama-cpp", "prompt-lookup", "a:int8<-prompt-lookup", "some/model", "none"):
+        assert speculation_defaults(spec) == (None, None), spec
     assert speculation_defaults("m:int8", gamma=3) == (3, None)  # gamma alone: constant, as in the paper
-    # a batch engine: one int8 model draft starts at 6 and adapts (the batch's shared gamma drafts less with more rows)
-    default = speculation_defaults("m:int8", batched=True)
-    assert default == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE) == (6, "adaptive")
-    assert speculation_defaults("m:int8", gamma=3, batched=True) == (3, None)
-    assert speculation_defaults("m:int8", gamma_schedule="heuristic", batched=True) == (6, "heuristic")
-    assert speculation_defaults("m:llama-cpp", batched=True) == (6, "adaptive")  # a llama.cpp model draft: the same
-    assert speculation_defaults("m:int4@65536", batched=True) == (6, "adaptive")
-    assert speculation_defaults("prompt-lookup", batched=True) == (None, None)  # the library defaults: 4, constant
-    assert speculation_defaults("a:int8<-prompt-lookup", gamma=5, batched=True) == (5, None)  # a hierarchy
-    assert speculation_defaults("a:int8<-prompt-lookup", batched=True) == (None, None)
-    assert speculation_defaults("some/model", batched=True) == (None, None)  # an unquantized draft
-    assert speculation_defaults("m:int8", num_beams=2, batched=True) == (None, None)  # beam search
-    assert speculation_defaults("none", batched=True) == (None, None)
+    assert speculation_defaults("m:int8", gamma_schedule="heuristic") == (None, "heuristic")
+    assert speculation_defaults("m:int8", num_beams=2) == (None, None)  # beam search
     # the Python API sees the same policy (one sequence)
     config = GenerationConfig.for_draft("m:int8", max_new_tokens=5)
     assert (config.gamma, config.gamma_schedule, config.max_new_tokens) == (4, "constant", 5)

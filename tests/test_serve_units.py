@@ -133,13 +133,14 @@ def test_serve_command_exits_with_the_load_error(capsys, tmp_path):
 
 def test_serve_options():
     args = cli.build_parser().parse_args(["serve"])
-    from specdec.config import DEFAULT_TARGET, INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE, speculation_defaults
+    from specdec.config import DEFAULT_TARGET, speculation_defaults
     from specdec.models.int8_vnni import cpu_supported
 
     assert (args.host, args.port, args.max_queue, args.device, args.target) == ("127.0.0.1", 8000, 16, None, DEFAULT_TARGET)
     cpu = cli.build_parser().parse_args(["serve", "--device", "cpu"])
-    cpu.max_batch = cli.SERVED_BATCH_CPU  # as _serve sets it on CPU: the batch engine drafts with the int8 0.5B alone
-    assert speculation_defaults(cli.draft_spec(cpu), batched=True) == (INT8_DRAFT_GAMMA, INT8_DRAFT_SCHEDULE)
+    cpu.max_batch = cli.SERVED_BATCH_CPU  # as _serve sets it on CPU: the batch engine drafts with the 0.5B alone
+    assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}"
+    assert speculation_defaults(cli.draft_spec(cpu)) == (None, None)  # 4 a round, constant
     cpu.max_batch = 1  # one request at a time: the CPU default hierarchy, 4 a round, constant
     assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}<-prompt-lookup"
     assert speculation_defaults(cli.draft_spec(cpu)) == (None, None)

@@ -16,7 +16,6 @@ from specdec.config import (
     DEFAULT_DRAFT_QUANTIZE_VNNI,
     DEFAULT_DRAFT_VOCABULARY_VNNI,
     DEFAULT_TARGET,
-    INT8_DRAFT_GAMMA,
 )
 
 SERVED_POSITIONS = 4096  # the served caches' capacity (specdec serve --max-positions)
@@ -52,12 +51,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                         "their quality). Default for the packaged target on CPU without --dtype: int4-mixed where "
                         "the CPU has AVX-512 VNNI, int4 on AVX2 without it, else int8; 'none' keeps it in bf16")
     p.add_argument("--gamma", type=int, default=None,
-                   help=f"draft tokens per target call (default: 4, constant; serve's batch engine with one int8 "
-                        f"model draft: start at {INT8_DRAFT_GAMMA} and adapt)")
+                   help="draft tokens per target call (default: 4, constant)")
     p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
                    help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
-                        "alpha, c and verification cost; the default of serve's batch engine with one int8 model draft "
-                        "unless --gamma is given), confidence (the draft stops when unsure)")
+                        "alpha, c and verification cost), confidence (the draft stops when unsure); default: constant")
     p.add_argument("--max-gamma", type=int, default=None, help="upper bound for the varying schedules (default max(12, gamma))")
     p.add_argument("--confidence", type=float, default=None, help="threshold of the confidence schedule (default 0.5)")
 

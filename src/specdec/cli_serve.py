@@ -51,7 +51,7 @@ def load_served(args: argparse.Namespace) -> Any:
         from specdec.config import speculation_defaults
 
         return speculation_defaults(draft or draft_spec(args), args.gamma if gamma is None else gamma,
-                                    args.gamma_schedule, batched=(args.max_batch or 1) > 1)
+                                    args.gamma_schedule)
 
     target, draft = load_models(args)
     engine = None

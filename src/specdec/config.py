@@ -3,8 +3,8 @@ the server and the benchmarks share: none of them re-declares a default.
 
 - Generation settings: the fields of :class:`GenerationConfig`.
 - The models: :data:`DEFAULT_TARGET` and :data:`DEFAULT_DRAFT` (declared with the preset catalog),
-  :func:`default_target_quantize` (the packaged target runs as the exact int8 target on CPU) and
-  :func:`default_draft` (the draft specification used when none is given: on CPU the int8 0.5B, itself
+  :func:`default_target_quantize` (the packaged target runs as an exact quantized target on CPU) and
+  :func:`default_draft` (the draft specification used when none is given: on CPU the 0.5B in int4 or int8, itself
   drafted for by prompt lookup; unquantized on CUDA).
 - Speculation per draft kind: :func:`speculation_defaults` (gamma and schedule for a draft specification),
   which :meth:`GenerationConfig.for_draft` applies.
@@ -20,7 +20,7 @@ from specdec.errors import SpecDecError
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the packaged pair (same tokenizer)
 from specdec.sampling import SamplingParams
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "INT8_DRAFT_GAMMA", "INT8_DRAFT_SCHEDULE", "MAX_GAMMA_FLOOR",
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR",
            "GenerationConfig", "default_draft", "default_target_quantize", "speculation_defaults"]
 
 # A draft's quantization changes speed and alpha, never the output. On CPU the default draft model runs in int4
@@ -44,12 +44,9 @@ DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
 DEFAULT_DRAFT_VOCABULARY_CPU: int | None = None
 DEFAULT_DRAFT_VOCABULARY_VNNI: int | None = 65536
 DEFAULT_GAMMA = 4
-# One int8 model draft in a batch engine (specdec serve --max-batch > 1): start at this gamma and adapt from there
-# (the batch's shared gamma, specdec.batching's BatchGamma, drafts less as rows are added), unless gamma is given.
-# One sequence drafts a constant DEFAULT_GAMMA with every draft: adapting from 6 was 0.90-0.97x constant 4 for a lone
-# int8 or int4 0.5B on every CPU measured (docs/cpu_default.md, issue 39 point 4).
-INT8_DRAFT_GAMMA = 6
-INT8_DRAFT_SCHEDULE = "adaptive"
+# Every draft drafts a constant DEFAULT_GAMMA unless told otherwise, one sequence or a batch: adapting from 6 was
+# 0.90-0.97x constant 4 for a lone int8 or int4 0.5B on every CPU measured (docs/cpu_default.md, issue 39 point 4), and
+# in serve's batch engine 0.91-0.98x constant 4 at 1, 2 and 8 rows (docs/serving.md).
 # The varying schedules' upper bound on gamma when max_gamma is not given: max(MAX_GAMMA_FLOOR, gamma).
 MAX_GAMMA_FLOOR = 12
 
@@ -58,20 +55,19 @@ def default_draft(device: Any = None, batched: bool = False) -> str:
     """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int4 with its head cut to
     the first 65,536 ids where the CPU has AVX-512 VNNI or AVX2, else int8, with prompt lookup drafting for it
     (``qwen2.5-coder-0.5b:int4@65536<-prompt-lookup``).
-    ``batched``: for the batch engine (``specdec serve --max-batch N``), which drafts with one model: the int8
-    0.5B alone on CPU."""
+    ``batched``: for the batch engine (``specdec serve --max-batch N``), which drafts with one model: that 0.5B
+    alone (``qwen2.5-coder-0.5b:int4@65536`` where the CPU has the kernels; 1.09-1.29x the int8 0.5B's speed at 1 and
+    2 rows, 0.96-1.06x at 8: docs/serving.md)."""
     from specdec.devices import resolve_device
     from specdec.models import int8_vnni
 
     if resolve_device(device).type != "cpu":
         return DEFAULT_DRAFT
-    if batched:
-        return f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}"
     vnni = int8_vnni.cpu_supported()
     quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU
     vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if vnni else DEFAULT_DRAFT_VOCABULARY_CPU
     head = f"@{vocabulary}" if vocabulary else ""
-    return f"{DEFAULT_DRAFT}:{quantize}{head}<-{DEFAULT_DRAFT_INNER_CPU}"
+    return f"{DEFAULT_DRAFT}:{quantize}{head}" + ("" if batched else f"<-{DEFAULT_DRAFT_INNER_CPU}")
 
 
 def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:
@@ -88,19 +84,12 @@ def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) 
 
 
 def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,
-                         num_beams: int | None = None, batched: bool = False) -> tuple[int | None, str | None]:
+                         num_beams: int | None = None) -> tuple[int | None, str | None]:
     """(gamma, gamma_schedule) for ``draft`` (a draft specification, see specdec.drafters.spec); None leaves
-    the GenerationConfig default (4, constant). In a batch engine (``batched``) one int8, int4 or llama.cpp model
-    draft starts at INT8_DRAFT_GAMMA and, when gamma is not given either, adapts (INT8_DRAFT_SCHEDULE); one sequence
-    and every other draft keep the defaults. A given gamma alone drafts a constant gamma, as in the paper."""
-    from specdec.drafters import plan_draft
-
-    if not batched or not isinstance(draft, str) or gamma is not None or (num_beams or 1) > 1:
-        return gamma, gamma_schedule
-    levels = plan_draft(draft).levels  # a quantized level is a model level: the parser refuses quantized drafters
-    if len(levels) != 1 or levels[0].quantize not in ("int8", "int4", "llama-cpp"):
-        return gamma, gamma_schedule
-    return INT8_DRAFT_GAMMA, gamma_schedule or INT8_DRAFT_SCHEDULE
+    the GenerationConfig default (DEFAULT_GAMMA, constant). Every draft, one sequence or a batch, keeps the defaults
+    unless gamma or the schedule is given (a given gamma alone drafts a constant gamma, as in the paper): the one
+    place a draft kind would get its own."""
+    return gamma, gamma_schedule
 
 
 @dataclass(frozen=True)
