@@ -2,10 +2,10 @@
 
 Every prompt of the task goes through the batch engine (:mod:`specdec.batching`) with at most B rows at
 once (continuous batching: a prompt joins as a row finishes), plain and with each draft at each constant
-gamma and each varying schedule of the grid (``--gamma-schedules constant,adaptive --gamma 6``: the schedule
-``specdec serve``'s batch engine starts one int8 or int4 model draft with), at every B. A round over B rows makes gamma draft steps over the B rows (D(B) seconds each) and
-one target pass over B (gamma + 1) tokens (T(B (gamma + 1)) seconds), and yields sum_i E(alpha_i, gamma)
-tokens, where plain decoding yields B tokens per T(B). Speculation over B rows therefore gains
+gamma and each varying schedule of the grid (``--gamma-schedules constant,adaptive --gamma 6``: the batch's shared
+adaptive gamma, :class:`specdec.schedules.BatchGamma`), at every B. A round over B rows makes gamma draft steps over
+the B rows (D(B) seconds each) and one target pass over B (gamma + 1) tokens (T(B (gamma + 1)) seconds), and
+yields sum_i E(alpha_i, gamma) tokens, where plain decoding yields B tokens per T(B). Speculation over B rows therefore gains
 
     speedup(B) = E(alpha, gamma) / (gamma c_B + v_B),   c_B = D(B) / T(B),   v_B = T(B (gamma + 1)) / T(B)
 
