@@ -29,7 +29,7 @@ import json, sys, time
 import llama_cpp
 from llama_cpp import llama_cpp as low_level
 # (not specdec.models.llama_cpp.load_llama_cpp: importing specdec imports torch, which a llama.cpp user does not pay)
-if sys.argv[5] == "0":  # llama.cpp without its extra buffer types, as specdec's loader runs it on an AMX CPU
+if sys.argv[5] == "0":  # llama.cpp without its extra buffer types, as specdec's loader runs a build with AMX
     defaults = low_level.llama_model_default_params
     def without_extra_buffers():
         params = defaults()
@@ -66,11 +66,11 @@ def main() -> None:
     parser.add_argument("--json", help="also write the JSON document here")
     args = parser.parse_args()
     import specdec  # noqa: F401  (the parent only: it resolves the GGUF and the CPU's llama.cpp settings)
-    from specdec.models.llama_cpp import extra_buffers_default
+    from specdec.models.llama_cpp import build_has_amx, extra_buffers_default
     from specdec.models.presets import preset_gguf
     from specdec.sweeps.machine import _cpuinfo
 
-    extra = extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"))
+    extra = extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"), build_has_amx())
     specdec_cmd = [os.path.join(os.path.dirname(sys.executable), "specdec"), "generate", args.prompt,
                    "--max-new-tokens", str(args.max_new_tokens)]
     llama_cmd = [sys.executable, "-c", LLAMA_ONE_SHOT, str(preset_gguf(args.target)), str(args.max_new_tokens),

@@ -109,12 +109,29 @@ def test_the_bench_runs_llama_cpps_own_prompt_lookup_speculation():
     assert lookup[0] == plain[0]  # the first token comes from the prompt's pass in both
 
 
-def test_llama_cpp_extra_buffers_are_on_unless_the_cpu_has_amx_or_the_user_says():
-    """llama.cpp's extra weight buffer types: off where the CPU has AMX (ggml's AMX kernel crashed there), on
-    elsewhere (its fastest configuration on the AVX-512 EPYC); SPECDEC_LLAMA_EXTRA_BUFFERS decides when set."""
+def test_llama_cpp_extra_buffers_are_on_unless_its_amx_kernel_would_run_or_the_user_says():
+    """llama.cpp's extra weight buffer types: off where the CPU has AMX and the build holds ggml's AMX kernel (it
+    crashed there), on elsewhere (its fastest configuration on the AVX-512 EPYC, and on the AMX Xeon with a build
+    without AMX); SPECDEC_LLAMA_EXTRA_BUFFERS decides when set."""
     avx512, amx = {"avx512f", "avx512_vnni"}, {"avx512f", "avx512_vnni", "amx_tile"}
     assert llama_cpp.extra_buffers_default(avx512, None) and llama_cpp.extra_buffers_default(avx512, "")
-    assert not llama_cpp.extra_buffers_default(amx, None)
+    assert llama_cpp.extra_buffers_default(avx512, None, amx_in_build=True)
+    assert not llama_cpp.extra_buffers_default(amx, None) and not llama_cpp.extra_buffers_default(amx, None, True)
+    assert llama_cpp.extra_buffers_default(amx, None, amx_in_build=False)
     assert llama_cpp.extra_buffers_default(amx, "1") and not llama_cpp.extra_buffers_default(avx512, "0")
+    assert not llama_cpp.extra_buffers_default(amx, "0", amx_in_build=False)
     with pytest.raises(specdec.SpecDecError, match="SPECDEC_LLAMA_EXTRA_BUFFERS must be 0 or 1, not 'yes'"):
         llama_cpp.extra_buffers_default(avx512, "yes")
+
+
+@needs_llama
+def test_build_has_amx_reads_llama_cpps_system_info(monkeypatch):
+    """A build with ggml's AMX kernel says ``AMX_INT8 = 1`` in its system info (pip's build on an AMX CPU); the build
+    without it (compiled with -mno-amx-*) does not list it."""
+    import llama_cpp as llama_cpp_python
+
+    with_amx = b"CPU : AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 | "
+    monkeypatch.setattr(llama_cpp_python, "llama_print_system_info", lambda: with_amx)
+    assert llama_cpp.build_has_amx()
+    monkeypatch.setattr(llama_cpp_python, "llama_print_system_info", lambda: with_amx.replace(b"AMX_INT8 = 1 | ", b""))
+    assert not llama_cpp.build_has_amx()

@@ -38,17 +38,26 @@ def installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def extra_buffers_default(cpu_flags: Sequence[str], setting: str | None) -> bool:
-    """Whether llama.cpp loads with its extra weight buffer types: ``setting`` ("0" / "1") if given, else on
-    unless the CPU has AMX (there ggml's AMX kernel crashed with SIGSEGV and the repacked layouts gained
-    nothing, on the AMX Xeon; on the AVX-512 EPYC they are llama.cpp's fastest configuration, about 5% faster:
-    docs/BENCHMARKING.md, docs/cpu_default.md)."""
+def extra_buffers_default(cpu_flags: Sequence[str], setting: str | None, amx_in_build: bool = True) -> bool:
+    """Whether llama.cpp loads with its extra weight buffer types (AMX, repacked layouts): ``setting`` ("0" / "1")
+    if given, else on unless the CPU has AMX and the llama.cpp build holds ggml's AMX kernel (``amx_in_build``:
+    :func:`build_has_amx`), which crashed with SIGSEGV on the AMX Xeon. pip's build on such a CPU holds it; a build
+    without it (docs/BENCHMARKING.md) runs the repacked layouts there, llama.cpp's fastest configuration on that
+    CPU as on the AVX-512 EPYC (docs/cpu_default.md)."""
     value = (setting or "").strip()
     if not value:
-        return "amx_tile" not in cpu_flags
+        return not ("amx_tile" in cpu_flags and amx_in_build)
     if value not in ("0", "1"):
         raise SpecDecError(f"SPECDEC_LLAMA_EXTRA_BUFFERS must be 0 or 1, not {setting!r}")
     return value == "1"
+
+
+def build_has_amx() -> bool:
+    """Whether the installed llama-cpp-python was compiled with ggml's AMX kernel (its system info says
+    ``AMX_INT8 = 1``)."""
+    import llama_cpp
+
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
 
 
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None,
@@ -67,7 +76,8 @@ def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_bu
     if extra_buffers is None:
         from specdec.sweeps.machine import _cpuinfo
 
-        extra_buffers = extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"))
+        extra_buffers = extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"),
+                                              build_has_amx())
     defaults = low_level.llama_model_default_params
 
     def model_params() -> Any:
