@@ -145,8 +145,8 @@ def main() -> int:
         import specdec
 
         target, draft = cli.load_models(serve_args)
-        config = specdec.GenerationConfig.for_draft(
-            cli.draft_spec(serve_args), gamma=serve_args.gamma, gamma_schedule=serve_args.gamma_schedule,
+        config = specdec.GenerationConfig.from_options(
+            gamma=serve_args.gamma, gamma_schedule=serve_args.gamma_schedule,
             max_gamma=serve_args.max_gamma, confidence=serve_args.confidence, max_new_tokens=args.max_tokens)
         deadline = time.monotonic() + 1800
         while True:

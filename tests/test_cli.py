@@ -239,25 +239,19 @@ def test_a_draft_is_resolved_once(model_dir, monkeypatch):
     assert specdec.generate(target, "w1 w2 w3", draft="none", max_new_tokens=8).token_ids == plain.token_ids
 
 
-def test_default_gamma_and_schedule_follow_the_draft():
-    from specdec.config import GenerationConfig, speculation_defaults
+def test_every_draft_drafts_a_constant_default_gamma_unless_told():
+    """Every draft drafts 4 a round, constant, one sequence or a batch (adapting from 6 lost to it on every CPU
+    measured, and in serve's batch engine at 1, 2 and 8 rows); a given gamma alone stays constant, as in the paper."""
+    from specdec.config import DEFAULT_GAMMA, GenerationConfig
 
-    # every draft drafts 4 a round, constant, one sequence or a batch (adapting from 6 lost to it on every CPU
-    # measured, and in serve's batch engine at 1, 2 and 8 rows): what is given is kept, nothing else is added
-    for spec in ("m:int8", "m:int4@65536", "m:llama-cpp", "prompt-lookup", "a:int8<-prompt-lookup", "some/model", "none"):
-        assert speculation_defaults(spec) == (None, None), spec
-    assert speculation_defaults("m:int8", gamma=3) == (3, None)  # gamma alone: constant, as in the paper
-    assert speculation_defaults("m:int8", gamma_schedule="heuristic") == (None, "heuristic")
-    assert speculation_defaults("m:int8", num_beams=2) == (None, None)  # beam search
-    # the Python API sees the same policy (one sequence)
-    config = GenerationConfig.for_draft("m:int8", max_new_tokens=5)
-    assert (config.gamma, config.gamma_schedule, config.max_new_tokens) == (4, "constant", 5)
-    assert (GenerationConfig.for_draft("bigram").gamma, GenerationConfig.for_draft(None).gamma) == (4, 4)
-    # the CLI applies it to the draft it runs: the CPU default (a hierarchy) and one int8 draft, 4 a round, constant
-    args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu"])
-    assert speculation_defaults(cli.draft_spec(args)) == (None, None)
-    args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu", "--draft", "qwen2.5-coder-0.5b:int8"])
-    assert speculation_defaults(cli.draft_spec(args)) == (None, None)
+    config = GenerationConfig.from_options(gamma=None, gamma_schedule=None, max_new_tokens=5)
+    assert (config.gamma, config.gamma_schedule, config.max_new_tokens) == (DEFAULT_GAMMA, "constant", 5)
+    assert (GenerationConfig.from_options(gamma=3).gamma, GenerationConfig.from_options(gamma=3).gamma_schedule) == (3, "constant")
+    assert GenerationConfig.from_options(gamma_schedule="heuristic").gamma == 4
+    # the CLI's generate runs that for the CPU default (a hierarchy) and for one int8 draft alike
+    for extra in ([], ["--draft", "qwen2.5-coder-0.5b:int8"]):
+        args = cli.build_parser().parse_args(["generate", "x", "--device", "cpu", *extra])
+        assert (args.gamma, args.gamma_schedule) == (None, None)
 
 
 def forbid_loading(monkeypatch):

@@ -63,7 +63,7 @@ def test_held_back():
 
 def _served() -> Served:
     return Served(model_id="tiny", target=load_tiny("llama", eos=None), draft=None, draft_label="none",
-                  speculation=lambda names, gamma: (gamma, None), options={}, timeout=30.0)
+                  options={}, timeout=30.0)
 
 
 def _wait(condition, seconds: float = 20.0):
@@ -133,16 +133,37 @@ def test_serve_command_exits_with_the_load_error(capsys, tmp_path):
 
 def test_serve_options():
     args = cli.build_parser().parse_args(["serve"])
-    from specdec.config import DEFAULT_TARGET, speculation_defaults
+    from specdec.config import DEFAULT_TARGET
     from specdec.models.int8_vnni import cpu_supported
 
     assert (args.host, args.port, args.max_queue, args.device, args.target) == ("127.0.0.1", 8000, 16, None, DEFAULT_TARGET)
     cpu = cli.build_parser().parse_args(["serve", "--device", "cpu"])
     cpu.max_batch = cli.SERVED_BATCH_CPU  # as _serve sets it on CPU: the batch engine drafts with the 0.5B alone
     assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}"
-    assert speculation_defaults(cli.draft_spec(cpu)) == (None, None)  # 4 a round, constant
+    assert (cpu.gamma, cpu.gamma_schedule) == (None, None)  # 4 a round, constant
     cpu.max_batch = 1  # one request at a time: the CPU default hierarchy, 4 a round, constant
     assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}<-prompt-lookup"
-    assert speculation_defaults(cli.draft_spec(cpu)) == (None, None)
     assert cli.build_parser().parse_args(["serve", "--device", "cpu"]).device == "cpu"
     assert cli.main(["serve", "--max-queue", "-1"]) == 2
+
+
+def test_a_requests_gamma_and_schedule_replace_the_servers_one_by_one():
+    """The command line's gamma and schedule (Served.options) apply to every request that does not give its own;
+    a request's gamma or schedule replaces only that one."""
+    from dataclasses import replace
+
+    from specdec.serve.protocol import parse_request
+
+    served = replace(_served(), options={"gamma": 6, "gamma_schedule": "adaptive", "max_gamma": 9})
+
+    def speculation(**asked):
+        config = parse_request({"model": "tiny", "prompt": "w1 w2", "max_tokens": 3, **asked}, chat=False,
+                               served=served).config
+        return config.gamma, config.gamma_schedule, config.max_gamma
+
+    assert speculation() == (6, "adaptive", 9)
+    assert speculation(gamma=2) == (2, "adaptive", 9)
+    assert speculation(gamma_schedule="constant") == (6, "constant", 9)
+    assert speculation(gamma=3, gamma_schedule="heuristic") == (3, "heuristic", 9)
+    plain = replace(served, options={})  # a server started without either: 4 a round, constant
+    assert parse_request({"model": "tiny", "prompt": "w1"}, chat=False, served=plain).config.gamma == 4

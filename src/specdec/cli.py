@@ -75,8 +75,8 @@ def _generate(args: argparse.Namespace) -> int:
     import specdec
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    config = specdec.GenerationConfig.for_draft(
-        draft_spec(args), gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    config = specdec.GenerationConfig.from_options(
+        gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
         gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
         lenience=args.lenience, verification=args.verification, num_beams=args.num_beams,

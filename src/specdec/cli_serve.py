@@ -45,23 +45,16 @@ def load_served(args: argparse.Namespace) -> Any:
     steps prepared (:func:`prepare_served_steps`), and the speculation defaults of the command line."""
     from specdec import serve
 
-    def speculation(draft: str | None, gamma: int | None) -> tuple[int | None, str | None]:
-        """The speculation defaults (specdec.config.speculation_defaults) for a request's draft specification
-        and gamma (None: the command line's)."""
-        from specdec.config import speculation_defaults
-
-        return speculation_defaults(draft or draft_spec(args), args.gamma if gamma is None else gamma,
-                                    args.gamma_schedule)
-
     target, draft = load_models(args)
     engine = None
     if (args.max_batch or 1) > 1:
-        engine = batch_engine(target, draft, args.max_batch, args.max_positions, *speculation(None, None),
+        engine = batch_engine(target, draft, args.max_batch, args.max_positions, args.gamma, args.gamma_schedule,
                               args.max_gamma)
     else:
         prepare_served_steps(target, draft, args.max_positions)
     return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
-                        speculation=speculation, options={"max_gamma": args.max_gamma, "confidence": args.confidence},
+                        options={"gamma": args.gamma, "gamma_schedule": args.gamma_schedule, "max_gamma": args.max_gamma,
+                                 "confidence": args.confidence},
                         timeout=args.timeout, engine=engine)
 
 

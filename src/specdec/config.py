@@ -6,8 +6,9 @@ the server and the benchmarks share: none of them re-declares a default.
   :func:`default_target_quantize` (the packaged target runs as an exact quantized target on CPU) and
   :func:`default_draft` (the draft specification used when none is given: on CPU the 0.5B in int4 or int8, itself
   drafted for by prompt lookup; unquantized on CUDA).
-- Speculation per draft kind: :func:`speculation_defaults` (gamma and schedule for a draft specification),
-  which :meth:`GenerationConfig.for_draft` applies.
+- Speculation: every draft, one sequence or a batch, drafts :data:`DEFAULT_GAMMA` tokens a round, constant, unless
+  gamma or the schedule is given (adapting from 6 lost to a constant 4 on every CPU measured: docs/cpu_default.md,
+  docs/serving.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the packaged
 from specdec.sampling import SamplingParams
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR",
-           "GenerationConfig", "default_draft", "default_target_quantize", "speculation_defaults"]
+           "GenerationConfig", "default_draft", "default_target_quantize"]
 
 # A draft's quantization changes speed and alpha, never the output. On CPU the default draft model runs in int4
 # where specdec's kernel runs (AVX-512 VNNI, or AVX2 with the same bits: half int8's bytes, a 0.5B step 0.6-0.7x
@@ -81,15 +82,6 @@ def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) 
         return None
     by_isa = {"avx512": DEFAULT_TARGET_QUANTIZE_VNNI, "avx2": DEFAULT_TARGET_QUANTIZE_AVX2}
     return by_isa.get(int8_vnni.kernel_isa(), DEFAULT_TARGET_QUANTIZE_CPU)
-
-
-def speculation_defaults(draft: Any, gamma: int | None = None, gamma_schedule: str | None = None,
-                         num_beams: int | None = None) -> tuple[int | None, str | None]:
-    """(gamma, gamma_schedule) for ``draft`` (a draft specification, see specdec.drafters.spec); None leaves
-    the GenerationConfig default (DEFAULT_GAMMA, constant). Every draft, one sequence or a batch, keeps the defaults
-    unless gamma or the schedule is given (a given gamma alone drafts a constant gamma, as in the paper): the one
-    place a draft kind would get its own."""
-    return gamma, gamma_schedule
 
 
 @dataclass(frozen=True)
@@ -259,14 +251,6 @@ class GenerationConfig:
         if unknown:
             raise SpecDecError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         return cls(**{k: v for k, v in options.items() if v is not None})
-
-    @classmethod
-    def for_draft(cls, draft: Any, **options: Any) -> "GenerationConfig":
-        """:meth:`from_options` with the speculation defaults of ``draft`` (a draft specification such as
-        ``"qwen2.5-coder-0.5b:int8"``): what the CLI and the server run for that draft."""
-        gamma, schedule = speculation_defaults(draft, options.get("gamma"), options.get("gamma_schedule"),
-                                               options.get("num_beams"))
-        return cls.from_options(**{**options, "gamma": gamma, "gamma_schedule": schedule})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

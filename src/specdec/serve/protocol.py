@@ -54,18 +54,14 @@ class APIError(Exception):
 
 @dataclass
 class Served:
-    """What the server serves: the loaded models and the speculative defaults of the command line.
-
-    speculation(draft_spec, gamma) -> (gamma, gamma_schedule): specdec.config.speculation_defaults for the draft
-    a request uses (None: the server's) and the request's gamma (None: the server's).
-    """
+    """What the server serves: the loaded models and the generation options of the command line (a request's own
+    gamma or gamma_schedule replaces the server's)."""
 
     model_id: str
     target: Any
     draft: Any
     draft_label: str
-    speculation: Callable[[str | None, int | None], tuple[int | None, str | None]]
-    options: dict[str, Any]  # further GenerationConfig fields from the command line (max_gamma, confidence)
+    options: dict[str, Any]  # GenerationConfig fields from the command line (gamma, gamma_schedule, max_gamma, ...)
     timeout: float
     engine: Any = None  # batched serving: the specdec.BatchEngine every request joins as a row
 
@@ -188,22 +184,21 @@ def _chat_prompt(body: dict, target: Any) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # BatchEncoding in recent transformers
 
 
-def _draft(body: dict, served: Served) -> tuple[Any, str, str | None]:
-    """(draft for specdec.generate, its label, its draft specification for the speculation defaults; None:
-    the server's)."""
+def _draft(body: dict, served: Served) -> tuple[Any, str]:
+    """(draft for specdec.generate, its label)."""
     from specdec.drafters import DRAFTER_NAMES, DraftKind, plan_draft
 
     name = body.get("draft")
     if name is None or name in ("default", served.draft_label):
-        return served.draft, served.draft_label, None
+        return served.draft, served.draft_label
     if name == "none":
-        return None, "none", "none"
+        return None, "none"
     try:  # a client may name one parameter-free drafter (a model would load in the server)
         drafter = isinstance(name, str) and plan_draft(name).kind is DraftKind.DRAFTER
     except SpecDecError:
         drafter = False
     if drafter:
-        return name, name, name
+        return name, name
     allowed = ", ".join(["none", "default", served.draft_label, *DRAFTER_NAMES])
     raise APIError(400, f"'draft' must be one of {allowed}; got {name!r}", param="draft")
 
@@ -283,17 +278,13 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
         raise APIError(400, f"this model's context is {context} tokens; you asked for {len(prompt_ids)} in the "
                             f"{where} + {max_tokens} to generate", param="max_tokens", code="context_length_exceeded")
 
-    draft, label, spec = _draft(body, served)
+    draft, label = _draft(body, served)
     constraint = _response_format(body)
     if draft == "grammar" and not constraint:
         raise APIError(400, "'draft': \"grammar\" proposes the tokens a constraint forces: give a response_format "
                             "of type json_object or json_schema, or another draft", param="draft")
-    default_gamma, default_schedule = served.speculation(spec, gamma)
-    if schedule is None or gamma is not None:  # a given gamma alone means a constant one (speculation_defaults)
-        gamma, schedule = default_gamma, schedule or default_schedule
-    else:  # a schedule alone starts where the draft's defaults start
-        gamma = default_gamma
-    config = _config({**served.options, **fields, **constraint, "gamma": gamma, "gamma_schedule": schedule})
+    asked = {name: value for name, value in (("gamma", gamma), ("gamma_schedule", schedule)) if value is not None}
+    config = _config({**served.options, **fields, **constraint, **asked})
     return GenerationRequest(
         chat=chat, prompt_ids=prompt_ids, config=config, draft=draft, draft_label=label, stream=stream,
         include_usage=bool(options.get("include_usage")), timeout=min(timeout or served.timeout, served.timeout),
