@@ -1,5 +1,6 @@
 """``specdec serve`` wired to the library: the options checked before the models load, what the server
-serves (the models, their steps prepared or the batch engine, the speculation defaults), then the server."""
+serves (the models, their steps prepared or the batch engine, the command line's generation options), then the
+server."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def load_served(args: argparse.Namespace) -> Any:
     """What ``specdec serve`` serves (run on the server's worker before it reports ready): the models, their
-    steps prepared (:func:`prepare_served_steps`), and the speculation defaults of the command line."""
+    steps prepared (:func:`prepare_served_steps`), and the generation options of the command line."""
     from specdec import serve
 
     target, draft = load_models(args)
@@ -53,8 +54,8 @@ def load_served(args: argparse.Namespace) -> Any:
     else:
         prepare_served_steps(target, draft, args.max_positions)
     return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
-                        options={"gamma": args.gamma, "gamma_schedule": args.gamma_schedule, "max_gamma": args.max_gamma,
-                                 "confidence": args.confidence},
+                        options={"gamma": args.gamma, "gamma_schedule": args.gamma_schedule,
+                                 "max_gamma": args.max_gamma, "confidence": args.confidence},
                         timeout=args.timeout, engine=engine)
 
 
