@@ -302,6 +302,16 @@ def test_a_sweeps_records_name_their_machines_and_the_table_says_when_there_are_
         machine_lines({"machine": {**machine, "units_measured_on": [on_gpu]}}))
 
 
+def test_the_machine_lines_say_how_llama_cpp_ran():
+    machine = {"cpu": "Xeon", "cpu_kind": "AMX", "cpu_count": 2, "torch_threads": 2}
+    for how, says in (({"llama_cpp_python": "0.3.36", "amx_in_build": True, "extra_buffer_types": False},
+                       "llama.cpp: llama-cpp-python 0.3.36, a build with ggml's AMX kernel, extra buffer types off"),
+                      ({"llama_cpp_python": "0.3.36", "amx_in_build": False, "extra_buffer_types": True},
+                       "a build without ggml's AMX kernel, extra buffer types (repacked layouts) on")):
+        lines = machine_lines({"machine": machine, "config": {"llama_cpp": how}})
+        assert len(lines) == 2 and says in lines[1]
+    assert len(machine_lines({"machine": machine, "config": {"llama_cpp": None}})) == 1  # no llama-cpp method ran
+
 def test_a_process_warms_each_configuration_up_once_per_temperature_not_once_per_shard(tiny_pair, prompts_file,
                                                                                        monkeypatch):
     """With --shard-size 1 every prompt is a unit; the warmup (untimed, WARMUP_TOKENS tokens) runs on the first

@@ -135,3 +135,16 @@ def test_build_has_amx_reads_llama_cpps_system_info(monkeypatch):
     assert llama_cpp.build_has_amx()
     monkeypatch.setattr(llama_cpp_python, "llama_print_system_info", lambda: with_amx.replace(b"AMX_INT8 = 1 | ", b""))
     assert not llama_cpp.build_has_amx()
+
+
+@needs_llama
+def test_the_configuration_a_bench_reports_is_the_one_the_loader_uses(monkeypatch):
+    import llama_cpp as llama_cpp_python
+
+    monkeypatch.setattr(llama_cpp_python, "llama_print_system_info", lambda: b"CPU : AVX512 = 1 | REPACK = 1 | ")
+    monkeypatch.setenv("SPECDEC_LLAMA_EXTRA_BUFFERS", "0")
+    assert llama_cpp.configuration() == {"llama_cpp_python": llama_cpp_python.__version__, "amx_in_build": False,
+                                         "extra_buffer_types": False}
+    monkeypatch.delenv("SPECDEC_LLAMA_EXTRA_BUFFERS")
+    assert llama_cpp.configuration()["extra_buffer_types"]  # no AMX kernel in the build: on, on any CPU
+    assert llama_cpp.configuration(extra_buffers=False)["extra_buffer_types"] is False

@@ -16,7 +16,7 @@ from specdec.bench.measuring import WARMUP_TOKENS, public_record
 from specdec.bench.methods import Trial
 from specdec.bench.timing import StepCosts, primary_step_costs
 from specdec.devices import describe
-from specdec.models import LanguageModel
+from specdec.models import LanguageModel, llama_cpp
 from specdec.stats import GenerationStats
 from specdec.sweeps.machine import dtype_name, load_average, machine_info, machines_of
 from specdec.sweeps.on_ray import TIMING_CAVEAT
@@ -74,6 +74,9 @@ def document(args: argparse.Namespace, loaded: Loaded, records: list[dict[str, A
             "ngram_corpus": loaded.corpus_source if needs_corpus(grid.drafts) else None,
             "dtype": dtype,
             "target_quantize": args.quantize,
+            # how the llama-cpp methods ran (the build and its weight buffers decide llama.cpp's speed on a CPU)
+            "llama_cpp": llama_cpp.configuration()
+            if llama_cpp.installed() and any(c.method.startswith("llama-cpp") for c in cells) else None,
             "repeats": args.repeats,
             "warmup": args.warmup,
             "warmup_tokens": min(args.max_new_tokens, WARMUP_TOKENS),

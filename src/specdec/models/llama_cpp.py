@@ -60,6 +60,24 @@ def build_has_amx() -> bool:
     return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
 
 
+def configuration(extra_buffers: bool | None = None) -> dict[str, Any]:
+    """How llama.cpp runs in this process, for a benchmark to state beside its speed: llama-cpp-python's version,
+    whether its build holds ggml's AMX kernel, and whether the extra buffer types are on (``extra_buffers``; None: as
+    :func:`load_llama_cpp` decides)."""
+    import llama_cpp
+
+    amx = build_has_amx()
+    if extra_buffers is None:
+        extra_buffers = _extra_buffers(amx)
+    return {"llama_cpp_python": llama_cpp.__version__, "amx_in_build": amx, "extra_buffer_types": extra_buffers}
+
+
+def _extra_buffers(amx_in_build: bool) -> bool:
+    from specdec.sweeps.machine import _cpuinfo
+
+    return extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"), amx_in_build)
+
+
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None,
                    draft_model: Any = None) -> Any:
     """A ``llama_cpp.Llama`` for ``gguf`` (quiet, ``threads`` threads for decoding and prompt; ``draft_model``:
@@ -74,10 +92,7 @@ def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_bu
     except ImportError:
         raise SpecDecError(f"llama.cpp needs llama-cpp-python: {INSTALL}") from None
     if extra_buffers is None:
-        from specdec.sweeps.machine import _cpuinfo
-
-        extra_buffers = extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"),
-                                              build_has_amx())
+        extra_buffers = _extra_buffers(build_has_amx())
     defaults = low_level.llama_model_default_params
 
     def model_params() -> Any:

@@ -201,6 +201,12 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
              + f" ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch threads), "
              f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
              + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else "")]
+    how = (result.get("config") or {}).get("llama_cpp")
+    if how:
+        lines.append(f"llama.cpp: llama-cpp-python {how['llama_cpp_python']}, a build "
+                     + ("with" if how["amx_in_build"] else "without") + " ggml's AMX kernel, extra buffer types "
+                     + ("(repacked layouts) on" if how["extra_buffer_types"] else "off")
+                     + " (SPECDEC_LLAMA_EXTRA_BUFFERS; docs/BENCHMARKING.md)")
     measured_on = machine.get("units_measured_on") or []
     if len(measured_on) > 1 or any(elsewhere(m, machine) for m in measured_on):
         lines.append("The prompts were measured on: " + "; ".join(measured_where(m) for m in measured_on)
