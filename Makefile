@@ -25,11 +25,15 @@ demo: setup
 	$(BIN)/specdec generate "def quicksort(arr):" --max-new-tokens 64
 
 # The tests also run the llama.cpp drafter (the optional extra specdec[llama]; it builds from source in
-# about 5 minutes on 2 cores), so `make test` installs it; `make demo` does not need it.
+# about 5 minutes on 2 cores), so `make test` installs it; `make demo` does not need it. On a CPU with AMX it is
+# built without ggml's AMX kernel: that kernel crashes with llama.cpp's repacked weight layouts, and the build without
+# it, layouts on, is llama.cpp's fastest there (docs/BENCHMARKING.md), so the bench compares with llama.cpp at its best.
 # The playground's browser tests drive the system's Chromium (Debian's package) through Playwright; where it
 # cannot be installed (no apt-get, not root) they skip and say so.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_BUILD := $(if $(shell grep -m1 -o amx_tile /proc/cpuinfo 2>/dev/null),CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)")
 test-setup: setup
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python==0.3.36'
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(LLAMA_BUILD) $(BIN)/pip install --quiet --no-cache-dir --no-binary llama-cpp-python 'llama-cpp-python==0.3.36'
 	scripts/install_chromium.sh
 
 # The documentation site (mkdocs.yml, docs/; the API pages generated from the docstrings), built into site/
