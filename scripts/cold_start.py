@@ -66,11 +66,10 @@ def main() -> None:
     parser.add_argument("--json", help="also write the JSON document here")
     args = parser.parse_args()
     import specdec  # noqa: F401  (the parent only: it resolves the GGUF and the CPU's llama.cpp settings)
-    from specdec.models.llama_cpp import build_has_amx, extra_buffers_default
+    from specdec.models import llama_cpp
     from specdec.models.presets import preset_gguf
-    from specdec.sweeps.machine import _cpuinfo
 
-    extra = extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"), build_has_amx())
+    extra = llama_cpp.configuration()["extra_buffer_types"]  # as specdec's loader and the bench decide
     specdec_cmd = [os.path.join(os.path.dirname(sys.executable), "specdec"), "generate", args.prompt,
                    "--max-new-tokens", str(args.max_new_tokens)]
     llama_cmd = [sys.executable, "-c", LLAMA_ONE_SHOT, str(preset_gguf(args.target)), str(args.max_new_tokens),
