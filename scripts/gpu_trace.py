@@ -93,10 +93,10 @@ def main() -> None:
     # the capacity the bench fixes for this prompt and 128 new tokens (the static attention reads all of it)
     prepare_steps(target, [draft], [args.gamma], len(target.encode(prompt)) + 128 + 1)
     for _ in range(2):  # warm: cuBLAS, allocator, the first graph replays
-        specdec.generate(target, prompt, max_new_tokens=32)
+        specdec.generate(target, prompt, draft=None, max_new_tokens=32)
         specdec.generate(target, prompt, draft=draft, gamma=args.gamma, max_new_tokens=32)
     runs = [
-        traced("plain", out, lambda: specdec.generate(target, prompt, max_new_tokens=args.tokens)),
+        traced("plain", out, lambda: specdec.generate(target, prompt, draft=None, max_new_tokens=args.tokens)),
         traced("speculative", out, lambda: specdec.generate(target, prompt, draft=draft, gamma=args.gamma,
                                                             max_new_tokens=args.tokens * 2)),
     ]

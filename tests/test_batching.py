@@ -36,7 +36,7 @@ def test_greedy_rows_equal_their_generation_alone(pair, draft_kind):
     draft = {"model": model, "none": None}.get(draft_kind, draft_kind)
     configs = mixed_configs()
     alone = [specdec.generate(target, p, draft=draft, config=c) for p, c in zip(PROMPTS, configs)]
-    outs = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs)
+    outs = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs, draft_gate=False)
     for i, (out, ref) in enumerate(zip(outs, alone)):
         assert out.token_ids == ref.token_ids, (draft_kind, i)
         assert out.stats.stop_reason == ref.stats.stop_reason
@@ -44,14 +44,14 @@ def test_greedy_rows_equal_their_generation_alone(pair, draft_kind):
     if draft_kind == "model":
         assert sum(o.stats.accepted for o in outs) > 0 and sum(o.stats.drafted for o in outs) > 0
     # fewer rows than prompts: rows join as others finish (continuous batching), same tokens
-    joined = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs, max_batch=3)
+    joined = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs, max_batch=3, draft_gate=False)
     assert [o.token_ids for o in joined] == [o.token_ids for o in alone]
 
 
 def test_plain_and_speculative_rows_share_a_batch_and_stop_strings_and_eos_end_rows():
     target = load_tiny()  # with its EOS
     model = perturbed(target, 0.05)
-    engine = BatchEngine(target, model, max_batch=4)
+    engine = BatchEngine(target, model, max_batch=4, draft_gate=False)
     stop_word = target.decode(specdec.generate(target, PROMPTS[1], max_new_tokens=6).token_ids[3:4]).strip()
     requests = [(PROMPTS[0], GenerationConfig(max_new_tokens=40), MODEL),
                 (PROMPTS[1], GenerationConfig(max_new_tokens=40, stop=[stop_word]), None),
@@ -88,7 +88,7 @@ def test_rows_never_leak_into_each_other():
     """A row whose draft is perfect (the target itself) beside one whose draft is always wrong (random
     tokens): each keeps its own acceptance and its own output."""
     target = load_tiny(eos=None)
-    engine = BatchEngine(target, target, max_batch=2)  # the draft model is the target: a perfect draft
+    engine = BatchEngine(target, target, max_batch=2, draft_gate=False)  # the draft model is the target: a perfect draft
     perfect = engine.add(PROMPTS[0], GenerationConfig(max_new_tokens=30, gamma=4), draft=MODEL)
     wrong = engine.add(PROMPTS[1], GenerationConfig(max_new_tokens=30, gamma=4), draft="random")
     engine.run()
@@ -109,7 +109,7 @@ def test_rows_follow_the_target_distribution_at_temperature_one():
                 "topk": dict(temperature=0.7, top_k=5, top_p=0.9, gamma=2, max_new_tokens=4)}
     others = [dict(temperature=0.0, max_new_tokens=9), dict(temperature=1.3, max_new_tokens=3, gamma=1),
               dict(temperature=1.0, max_new_tokens=7, gamma_schedule="adaptive")]
-    engine = BatchEngine(target, draft, max_batch=12)
+    engine = BatchEngine(target, draft, max_batch=12, draft_gate=False)
     rows: dict[str, list] = {name: [] for name in settings}
     n = 1200
     for seed in range(n):
@@ -170,7 +170,7 @@ def test_a_batched_int8_row_equals_generate_alone_bit_for_bit(kind, method):
     configs = [GenerationConfig(max_new_tokens=12 + 3 * (i % 3), gamma=2 + i % 3, temperature=0.0 if i % 2 else 1.0,
                                 seed=i) for i in range(len(PROMPTS))]
     for d in (draft, None):
-        outs = specdec.generate_batch(target, PROMPTS, draft=d, configs=configs, max_batch=3)
+        outs = specdec.generate_batch(target, PROMPTS, draft=d, configs=configs, max_batch=3, draft_gate=False)
         alone = [specdec.generate(target, p, draft=d, config=c) for p, c in zip(PROMPTS, configs)]
         assert [o.token_ids for o in outs] == [a.token_ids for a in alone], d
         if d is not None:  # ragged acceptance: rows rejected drafts in different rounds
@@ -214,8 +214,6 @@ def test_bad_batch_requests_name_the_problem():
     target = load_tiny(eos=None)
     with pytest.raises(specdec.SpecDecError, match="one per prompt"):
         specdec.generate_batch(target, PROMPTS[:2], configs=[GenerationConfig()])
-    with pytest.raises(specdec.SpecDecError, match="hierarchies"):
-        specdec.generate_batch(target, PROMPTS[:2], draft=[perturbed(target, 0.1), "prompt-lookup"])
     engine = BatchEngine(target, None, max_batch=2, max_positions=40)
     with pytest.raises(specdec.SpecDecError, match="max_positions"):
         engine.add(PROMPTS[0], GenerationConfig(max_new_tokens=60))

@@ -92,10 +92,11 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     assert ("qwen2.5-coder-0.5b:int4@65536<-prompt-lookup where it has AVX-512 VNNI or AVX2, else "
             "qwen2.5-coder-0.5b:int8<-prompt-lookup") in draft_help
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
-    assert draft_spec(served) == f"qwen2.5-coder-0.5b:{quant}"  # the batch engine drafts with one model
+    # the batch engine too: its rows draft with the top model, a lone row with the hierarchy (specdec.batch_alone)
+    assert draft_spec(served) == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(int8_vnni, "cpu_supported", lambda: False)
-        assert draft_spec(served) == "qwen2.5-coder-0.5b:int8"
+        assert draft_spec(served) == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
     assert spec("--draft", "m", "--draft-quantize", "int8") == "m:int8"
     # one syntax: repeated --draft is the hierarchy A<-B; --draft-quantize fills the levels that name none

@@ -76,7 +76,7 @@ def test_llama_cpp_session_rolls_back_by_bookkeeping(llama_draft):
 def test_int8_target_with_a_llama_cpp_draft_equals_its_plain_decoding(llama_draft):
     target = specdec.load("qwen2.5-coder-1.5b", quantize="int8")
     n = 40
-    plain = specdec.generate(target, CODE_PROMPT, max_new_tokens=n)
+    plain = specdec.generate(target, CODE_PROMPT, draft=None, max_new_tokens=n)
     for draft, gamma, schedule in ((llama_draft, 6, "adaptive"), (llama_draft, 3, "constant"),
                                    ([llama_draft, "prompt-lookup"], 4, "constant"),
                                    ("qwen2.5-coder-0.5b:llama-cpp", 4, "constant")):

@@ -67,8 +67,7 @@ def test_what_the_rows_of_a_batch_draft_with():
     assert batch_drafting(target, None) == (None, None)
     assert batch_drafting(target, "prompt-lookup") == (None, "prompt-lookup")
     assert batch_drafting(target, draft) == (draft, MODEL)
-    with pytest.raises(specdec.SpecDecError, match="hierarchies run one sequence at a time"):
-        batch_drafting(target, [draft, "prompt-lookup"])
+    assert batch_drafting(target, [draft, "prompt-lookup"]) == (draft, MODEL)  # its top model; a lone row: all of it
     with pytest.raises(specdec.SpecDecError, match="name it"):
         batch_drafting(target, PromptLookupDrafter())  # one object cannot be every row's
     with pytest.raises(specdec.SpecDecError, match="shares the target's tokenizer"):
@@ -84,11 +83,12 @@ def test_one_run_state_for_a_generation_and_a_batch_row():
         assert issubclass(cls, RunState)
         own = {f.name for f in dataclasses.fields(cls)} - shared
         assert not own & shared
-    # only what one engine needs is its own: the session and clock of a generation and the round it launched
-    # ahead (chained graphs), a row's place in a batch
-    assert {f.name for f in dataclasses.fields(_Run)} - shared == {"session", "clock", "ahead"}
+    # only what the batch needs is a row's own (its draft, its outcome, the schedule it parks while alone): the
+    # session, clock and round launched ahead are the one-sequence engine's, which a lone batch row runs too
+    assert {f.name for f in dataclasses.fields(_Run)} - shared == set()
+    assert {"session", "clock", "ahead"} <= shared
     assert {f.name for f in dataclasses.fields(BatchRow)} - shared == {"draft", "proposed", "output", "error",
-                                                                        "cancelled", "finish"}
+                                                                        "cancelled", "finish", "parked", "prediction"}
 
 
 def test_a_batch_row_and_a_generation_estimate_alpha_alike():

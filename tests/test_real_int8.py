@@ -56,7 +56,7 @@ def test_int8_target_speculative_equals_its_plain_decoding(prompt, target, draft
     hierarchy: token for token its own plain decoding, labelled exact."""
     assert target.block_invariant
     n = 40
-    plain = specdec.generate(target, prompt, max_new_tokens=n)
+    plain = specdec.generate(target, prompt, draft=None, max_new_tokens=n)
     for d, gamma, schedule in ((draft, 6, "adaptive"), (draft, 4, "constant"), ("prompt-lookup", 4, "constant"),
                                ([draft, "prompt-lookup"], 6, "constant")):
         out = specdec.generate(target, prompt, draft=d, gamma=gamma, gamma_schedule=schedule, max_new_tokens=n)

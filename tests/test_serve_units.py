@@ -138,11 +138,12 @@ def test_serve_options():
 
     assert (args.host, args.port, args.max_queue, args.device, args.target) == ("127.0.0.1", 8000, 16, None, DEFAULT_TARGET)
     cpu = cli.build_parser().parse_args(["serve", "--device", "cpu"])
-    cpu.max_batch = cli.SERVED_BATCH_CPU  # as _serve sets it on CPU: the batch engine drafts with the 0.5B alone
-    assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}"
-    assert (cpu.gamma, cpu.gamma_schedule) == (None, None)  # 4 a round, constant
-    cpu.max_batch = 1  # one request at a time: the CPU default hierarchy, 4 a round, constant
-    assert cli.draft_spec(cpu) == f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}<-prompt-lookup"
+    # one draft in both server modes, the CPU default hierarchy (the batch's rows draft with its top model, a lone
+    # row with all of it), 4 a round, constant
+    default = f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}<-prompt-lookup"
+    for cpu.max_batch in (cli.SERVED_BATCH_CPU, 1):  # as _serve sets it on CPU; one request at a time
+        assert cli.draft_spec(cpu) == default
+    assert (cpu.gamma, cpu.gamma_schedule) == (None, None)
     assert cli.build_parser().parse_args(["serve", "--device", "cpu"]).device == "cpu"
     assert cli.main(["serve", "--max-queue", "-1"]) == 2
 

@@ -6,10 +6,8 @@ model's), gamma the number of drafted tokens per target call, alpha the acceptan
 ratio of a draft step to a target step.
 
     import specdec
-    target = specdec.load("qwen2.5-coder-1.5b")
-    draft = specdec.load("qwen2.5-coder-0.5b")
-    out = specdec.generate(target, "def fib(n):", draft=draft, gamma=4, temperature=0.0,
-                           max_new_tokens=64, seed=0)
+    target = specdec.load("qwen2.5-coder-1.5b")   # on CPU: the exact quantized target (dtype="bf16": the float one)
+    out = specdec.generate(target, "def fib(n):", max_new_tokens=64, seed=0)   # its default draft, gamma 4
     print(out.text, out.token_ids, out.stats)
 """
 

@@ -1,17 +1,22 @@
-"""The draft model's proposals for the rows of a batch (:mod:`specdec.batching`): every drafting row fed
-in one pass of the batched draft session per draft step, each row sampled with its own settings and
-random source; a row far behind (after plain rounds) is caught up first."""
+"""What the rows of a batch (:mod:`specdec.batching`) draft with, and the draft model's proposals for them: every
+drafting row fed in one pass of the batched draft session per draft step, each row sampled with its own settings
+and random source; a row far behind (after plain rounds) is caught up first."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from specdec.batch_row import MODEL, BatchRow
 from specdec.drafters.base import Draft
 from specdec.drafters.model import draft_token, fit_width
+from specdec.drafters.plan import DRAFTER_NAMES, DraftKind, DraftPlan, plan_draft
+from specdec.errors import SpecDecError
+from specdec.models import load
 from specdec.models.batch_session import BatchSession
 
-CATCH_UP = 32  # a draft row further behind than this is caught up in passes of at most this many tokens
+CATCH_UP = 63  # a draft row further behind than this is caught up in passes of at most this many tokens (< PAD)
 
 
 def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vocab_size: int,
@@ -64,3 +69,49 @@ def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vo
         drafts.append(Draft(torch.stack(tokens[i]), torch.stack(qs[i]) if qs[i] else None) if tokens[i]
                       else Draft.empty(device))
     return drafts
+
+
+def batch_drafting(target: Any, draft: Any) -> tuple[Any, Any]:
+    """What the rows of a batch for ``target`` draft with, from any ``draft=`` (a specification, a plan, a
+    loaded model, a drafter; the library's and ``specdec serve``'s): (the engine's draft model or None, each
+    row's ``draft=`` for :meth:`BatchEngine.add`: MODEL, a parameter-free drafter's name, or None). A hierarchy
+    (``'A<-prompt-lookup'``): the batch's rows draft with its top model, a lone row with the whole hierarchy
+    (:func:`alone_draft`)."""
+    plan = plan_draft(draft)
+    kind = plan.kind
+    if kind is DraftKind.PLAIN:
+        return None, None
+    level = plan.levels[0].name
+    if kind is DraftKind.DRAFTER:
+        if not isinstance(level, str):
+            raise SpecDecError(f"a batch gives each row a drafter of its own: name it ({', '.join(DRAFTER_NAMES)}) "
+                               f"rather than pass one object ({type(level).__name__})")
+        return None, level
+    from specdec.models import same_vocabulary
+
+    model = load(plan.load(target).levels[0].name) if kind is not DraftKind.HIERARCHY else _top_model(plan, target)
+    if model.hf_model is None:
+        raise SpecDecError(f"a batch drafts with a torch model; {model.name!r} runs in llama.cpp (a llama.cpp draft "
+                           "runs one sequence at a time: specdec.generate, or specdec serve --max-batch 1)")
+    if model.is_encoder_decoder or not same_vocabulary(target, model):
+        raise SpecDecError(f"a batch drafts with a model that shares the target's tokenizer; {model.name!r} does not "
+                           "(a draft with another tokenizer runs one sequence at a time: specdec.generate, or "
+                           "specdec serve --max-batch 1)")
+    return model, MODEL
+
+
+def _top_model(plan: Any, target: Any) -> Any:
+    """A hierarchy's top level, loaded (its other levels are not: a lone row builds them, :func:`alone_draft`)."""
+    return load(DraftPlan(plan.levels[:1]).load(target).levels[0].name)
+
+
+def alone_draft(draft: Any, model: Any) -> Any:
+    """What a lone row of a batch drafts with through the one-sequence engine (:mod:`specdec.batch_alone`), over
+    the engine's draft ``model`` (loaded once, shared with the batch's rows): ``draft`` with its top level
+    replaced by ``model`` (a hierarchy keeps its lower levels), or ``model`` alone."""
+    from specdec.drafters.spec import DraftLevel
+
+    plan = plan_draft(draft)
+    if model is None or plan.kind is not DraftKind.HIERARCHY:
+        return model
+    return DraftPlan((DraftLevel(model, None), *plan.levels[1:]))

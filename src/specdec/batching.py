@@ -27,40 +27,42 @@ dynamic engine attends over the exact prefix, so a near-tie can break differentl
 Structured output (a row's json_schema / regex / grammar) masks that row's target and draft logits, as in
 :func:`specdec.generate`; the grammar's forced tokens draft for rows with a parameter-free drafter.
 
-Not batched (run one sequence at a time with :func:`specdec.generate`): hierarchies, drafts with another
-tokenizer, encoder-decoder targets, beam search.
+One engine at one row: while the batch holds one row (and none can join), that row's rounds are the
+one-sequence engine's (:mod:`specdec.batch_alone`: its own session, the decoder step, the whole draft: a
+hierarchy such as the 0.5B under prompt lookup, whose top model alone drafts for the batch's rows); its keys and
+values move out of its slot and back when a request joins, so its tokens are what :func:`specdec.generate` gives.
+
+Not batched (run one sequence at a time with :func:`specdec.generate`): drafts with another tokenizer,
+encoder-decoder targets, beam search.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 from typing import Any, Callable, Sequence
 
 import torch
 
 from specdec.acceptance import Verification, read_batch, verify
-from specdec.batch_drafting import propose_model
-from specdec.batch_row import MODEL, BatchRow, ModelRowDrafter
-from specdec.config import GenerationConfig
-from specdec.constraints import Constraint
-from specdec.devices import RoundClock, Stopwatch, new_generator
-from specdec.drafters.base import Draft, DraftContext
-from specdec.drafters.forced import ForcedDrafter, with_forced
-from specdec.drafters.plan import DRAFTER_NAMES, DraftKind, plan_draft
+from specdec.batch_alone import release, rounds_alone
+from specdec.batch_gate import DraftGate, gate_round
+from specdec.batch_drafting import alone_draft, batch_drafting, propose_model
+from specdec.batch_prefix import keep_prefix, prefix_cache, reuse_prefix
+from specdec.batch_prediction import propose_predictions
+from specdec.batch_row import MODEL, PAD, BatchRow, make_row, row_context
+from specdec.config import DEFAULT, GenerationConfig, preset_draft
+from specdec.devices import RoundClock, Stopwatch
+from specdec.drafters.base import Draft
+from specdec.drafters.plan import plan_draft
 from specdec.errors import SpecDecError
 from specdec.models import load
 from specdec.models.batch_session import BatchSession
-from specdec.models.causal import new_token_limit
 from specdec.rounds import Round, check_dead_end, with_carried
 from specdec.run_state import RoundEvent, append_tokens, finish_output
-from specdec.schedules import BatchGamma, RowAlpha, StepFeedback, make_schedule
-from specdec.stats import GenerationStats
-from specdec.text import StopScan
+from specdec.schedules import BatchGamma, RowAlpha, StepFeedback
 
 __all__ = ["MODEL", "BatchRow", "BatchGamma", "BatchEngine", "batch_drafting", "batch_engine", "generate_batch"]
 
-PAD = 64  # positions every cache row holds past max_positions: the widest padded pass (a batch's widest row)
 DEFAULT_POSITIONS = 4096  # max_positions when neither the caller nor the target's context says
 
 
@@ -71,7 +73,8 @@ class BatchEngine:
     waiting requests join, runs one round over every row, and returns the rows that finished."""
 
     def __init__(self, target: Any, draft_model: Any = None, max_batch: int = 8, max_positions: int | None = None,
-                 gamma: int = 4, max_gamma: int = 12):
+                 gamma: int = 4, max_gamma: int = 12, alone_draft: Any = None, alone: bool = True,
+                 prefix_cache_bytes: int = 0, draft_gate: bool = False):
         target = load(target)
         if target.is_encoder_decoder:
             raise SpecDecError("batched generation supports decoder-only targets; run an encoder-decoder target one "
@@ -88,6 +91,20 @@ class BatchEngine:
         self.target_session = BatchSession(target, max_batch, capacity)
         self.draft_model = draft_model
         self.draft_session = BatchSession(draft_model, max_batch, capacity) if draft_model is not None else None
+        # the batch's only row runs through the one-sequence engine (specdec.batch_alone), its model-drafted rows
+        # drafting with alone_draft there (what specdec.generate takes as draft=, over the engine's draft model:
+        # the model alone, or a hierarchy under it); alone=False keeps every row in the batch
+        self.alone = alone
+        self.moves = {"alone": 0, "back": 0}  # a lone row out of the batch, and back in (tests and benchmarks)
+        # draft_gate=True: the draft model drafts, per batch size, while it pays, measured (specdec.batch_gate; off by
+        # default: through specdec serve it measured slower than drafting every round at 2, 4 and 8 clients, see
+        # docs/serving.md); off, every round as the rows' schedules say (a sampled row draws what it draws alone)
+        self.gate = DraftGate() if draft_gate else None
+        # finished rows' keys and values for later requests that share their prefix (specdec.prefix_cache): bit for
+        # bit a fresh prefill's with a block-invariant target (kept for those, and not over a sliding window)
+        self.prefix_cache = prefix_cache(target, prefix_cache_bytes)
+        self.alone_plan = (plan_draft(alone_draft if alone_draft is not None else draft_model).load(target)
+                           if draft_model is not None else None)
         self.rows: list[BatchRow] = []  # row i lives in slot i of every session
         self.waiting: collections.deque[BatchRow] = collections.deque()
         self.clock = RoundClock(target.device)
@@ -104,52 +121,7 @@ class BatchEngine:
             on_tokens: Callable | None = None, on_round: Callable | None = None) -> BatchRow:
         """Queue a request (it joins at the next round with a free row). draft: MODEL (the engine's draft model),
         None (plain steps), or a parameter-free drafter name / object (one of its own)."""
-        config = config or GenerationConfig()
-        if config.num_beams > 1:
-            raise SpecDecError("beam search is not batched; run it with specdec.generate")
-        if config.gamma + 1 > PAD or config.gamma_bound + 1 > PAD:
-            raise SpecDecError(f"gamma up to {PAD - 1} in a batch; got {config.gamma_bound}")
-        target = self.target
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise SpecDecError("the prompt is empty; give some text to continue")
-        limit = new_token_limit(len(prompt_ids), config.max_new_tokens, target.max_context, target.name)
-        if len(prompt_ids) + limit + 1 > self.max_positions:
-            raise SpecDecError(f"the prompt ({len(prompt_ids)} tokens) and max_new_tokens ({limit}) need "
-                               f"{len(prompt_ids) + limit + 1} positions; the batch holds {self.max_positions} per "
-                               "row: shorten them, or raise max_positions (specdec serve --max-positions)")
-        if draft == MODEL and self.draft_model is None:
-            draft = None
-        drafter = None
-        if isinstance(draft, str) and draft != MODEL:
-            if plan_draft(draft).kind is not DraftKind.DRAFTER:
-                raise SpecDecError(f"a row of a batch drafts with the engine's draft model or one parameter-free "
-                                   f"drafter ({', '.join(DRAFTER_NAMES)}), got {draft!r}")
-            draft = DRAFTER_NAMES[draft]()
-        if isinstance(draft, ForcedDrafter) and config.constraint is None:
-            raise SpecDecError("the 'grammar' draft proposes the tokens a constraint forces: give the row json_schema=, "
-                               "regex= or grammar= (the server: response_format), or another draft")
-        if draft not in (MODEL, None) and config.constraint is not None and config.forced_drafts:
-            draft = with_forced(draft)  # the grammar's forced tokens first (a model-drafted row: not yet)
-        if draft == MODEL:
-            drafter = ModelRowDrafter(self.draft_model.name)
-        elif draft is not None:
-            drafter = draft
-        seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little")
-        device = target.device
-        from specdec.decoding import device_ids
-
-        schedule = (RowAlpha(self.gamma_policy) if config.gamma_schedule == "adaptive"
-                    else make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound))
-        row = BatchRow(target=target, prompt_ids=prompt_ids, config=config, draft=draft, drafter=drafter,
-                       schedule=schedule, sequence=list(prompt_ids), ids=device_ids(prompt_ids, len(prompt_ids) + limit + 1, device),
-                       start_len=len(prompt_ids), limit=limit, generator=new_generator(device, seed), eos=target.eos_token_ids,
-                       stats=GenerationStats(prompt_tokens=len(prompt_ids), seed=seed), on_tokens=on_tokens,
-                       on_round=on_round, t_start=Stopwatch(device)())
-        if config.stop:
-            row.stop_scan = StopScan(target.decode, config.stop, target.piece_bytes)
-        if config.constraint is not None:
-            row.constraint = Constraint(config.constraint, target, len(prompt_ids), device)
+        row = make_row(self, prompt_ids, config or GenerationConfig(), draft, on_tokens, on_round)
         self.waiting.append(row)
         return row
 
@@ -167,28 +139,32 @@ class BatchEngine:
             row = self.waiting.popleft()
             slot = len(self.rows)
             row.t_start = Stopwatch(self.target.device)()
-            # the whole prompt: its last position's logits give the first token (or verify the first draft)
-            row.carried = self.target_session.prefill(slot, row.sequence)  # [1, V]
-            if row.draft == MODEL:
-                self.draft_session.prefill(slot, row.sequence[:-1])
+            # the whole prompt (less a prefix kept from an earlier request): its last position's logits give the
+            # first token (or verify the first draft)
+            reused, reused_draft = reuse_prefix(self, slot, row)
+            row.carried = self.target_session.prefill(slot, row.sequence, reused)  # [1, V]
+            if row.draft == MODEL and self.gate is not None and self.gate.settled(len(self.rows) + 1) is False:
+                self.draft_session.lengths[slot] = reused_draft  # plain rounds here: it catches up if it drafts
+            elif row.draft == MODEL:
+                self.draft_session.prefill(slot, row.sequence[:-1], reused_draft)
             elif row.draft is not None:
-                config = row.config
-                stop_below = config.confidence if config.gamma_schedule == "confidence" else None
-                row.draft.start(DraftContext(row.prompt_ids, config.sampling, row.generator, self.target.vocab_size,
-                                             frozenset(row.eos), (), stop_below, self.target.device,
-                                             len(row.sequence) + row.limit + 1, row.ids, row.constraint))
+                row.draft.start(row_context(row))
+            if row.prediction is not None:
+                row.prediction.start(row_context(row))
             self.rows.append(row)
         return dropped
 
     def _leave(self, slot: int) -> None:
         """Row ``slot`` leaves; the last row moves into its slot."""
         last = len(self.rows) - 1
+        keep_prefix(self, slot, self.rows[slot])  # (before its caches are given back or overwritten)
         self.target_session.move(last, slot)
         if self.draft_session is not None:
             self.draft_session.move(last, slot)
         row = self.rows[slot]
         self.rows[slot] = self.rows[last]
         self.rows.pop()
+        release(row)
         if row.draft is not None and row.draft != MODEL:
             row.draft.close()
 
@@ -218,8 +194,12 @@ class BatchEngine:
         finished = dropped + finished
         if not self.rows:
             return finished
+        done = rounds_alone(self)  # one row: through the one-sequence engine
+        if done is not None:
+            return finished + done
         rows, device = self.rows, self.target.device
-        ks = self._gammas()
+        ks, predicted = propose_predictions(rows, self._gammas())  # {row: its prediction's draft}, those rows' k 0
+        ks, gated = gate_round(self.gate if self.draft_session is not None else None, rows, ks)
         t0 = self.clock.mark()
         calls_before = self.draft_session.forward_passes if self.draft_session is not None else 0
         drafting = self.draft_session is not None and any(row.draft == MODEL and k > 0 for row, k in zip(rows, ks))
@@ -228,6 +208,7 @@ class BatchEngine:
         for i, row in enumerate(rows):
             if row.draft is not None and row.draft != MODEL and ks[i] > 0:
                 drafts[i] = row.draft.propose(row.sequence, ks[i])
+            drafts[i] = predicted.get(i, drafts[i])
             if row.constraint is not None:  # cut at the first refused token, q masked (specdec.constraints)
                 drafts[i] = row.constraint.admit(drafts[i], 0)
         t1 = self.clock.mark()
@@ -265,8 +246,10 @@ class BatchEngine:
                 length, k = row.proposed
                 self.draft_session.rollback(i, length + min(n, max(k - 1, 0)))
                 row.proposed = None
-            elif row.draft is not None and row.draft != MODEL:
+            elif row.draft is not None and row.draft != MODEL and i not in predicted:
                 row.draft.update(n)
+            if row.prediction is not None:
+                row.prediction.update(n)  # (a round it did not propose: nothing)
             r = Round(drafts[i], results[i], new, n, betas, draft_calls if row.draft == MODEL else 0, time_draft,
                       time_verify)
             row.stats.record_round(r)
@@ -289,8 +272,10 @@ class BatchEngine:
                 done.append(row)
         for row in done:
             if row.error is None:
-
                 row.output = finish_output(row)
+                row.output.stats.prediction = row.prediction.report() if row.prediction is not None else {}
+        if gated is not None:
+            gated()  # the round's tokens and time, to the gate
         self._drop(done)
         return finished + done
 
@@ -305,60 +290,36 @@ class BatchEngine:
             self.step()
 
 
-def batch_drafting(target: Any, draft: Any) -> tuple[Any, Any]:
-    """What the rows of a batch for ``target`` draft with, from any ``draft=`` (a specification, a plan, a
-    loaded model, a drafter; the library's and ``specdec serve``'s): (the engine's draft model or None, each
-    row's ``draft=`` for :meth:`BatchEngine.add`: MODEL, a parameter-free drafter's name, or None)."""
-    plan = plan_draft(draft)
-    kind = plan.kind
-    if kind is DraftKind.PLAIN:
-        return None, None
-    if kind is DraftKind.HIERARCHY:
-        raise SpecDecError("a batch drafts with one model or one parameter-free drafter; hierarchies run one "
-                           "sequence at a time (specdec.generate, or specdec serve --max-batch 1)")
-    level = plan.levels[0].name
-    if kind is DraftKind.DRAFTER:
-        if not isinstance(level, str):
-            raise SpecDecError(f"a batch gives each row a drafter of its own: name it ({', '.join(DRAFTER_NAMES)}) "
-                               f"rather than pass one object ({type(level).__name__})")
-        return None, level
-    from specdec.models import same_vocabulary
-
-    model = load(plan.load(target).levels[0].name)
-    if model.hf_model is None:
-        raise SpecDecError(f"a batch drafts with a torch model; {model.name!r} runs in llama.cpp (a llama.cpp draft "
-                           "runs one sequence at a time: specdec.generate, or specdec serve --max-batch 1)")
-    if model.is_encoder_decoder or not same_vocabulary(target, model):
-        raise SpecDecError(f"a batch drafts with a model that shares the target's tokenizer; {model.name!r} does not "
-                           "(a draft with another tokenizer runs one sequence at a time: specdec.generate, or "
-                           "specdec serve --max-batch 1)")
-    return model, MODEL
-
-
 def batch_engine(target: Any, draft: Any, configs: Sequence[GenerationConfig], max_batch: int,
-                 max_positions: int | None = None) -> tuple[BatchEngine, Any]:
+                 max_positions: int | None = None, draft_gate: bool = False) -> tuple[BatchEngine, Any]:
     """A :class:`BatchEngine` for rows with these configs, and what each row drafts with (``draft=`` of
     :meth:`BatchEngine.add`): the engine's draft model, a parameter-free drafter name, or None (plain)."""
     plan_draft(draft).check()
     target = load(target)
     model, row_draft = batch_drafting(target, draft)
     engine = BatchEngine(target, model, max_batch, max_positions, gamma=max(c.gamma for c in configs),
-                         max_gamma=max(c.gamma_bound for c in configs))
+                         max_gamma=max(c.gamma_bound for c in configs), alone_draft=alone_draft(draft, model),
+                         draft_gate=draft_gate)
     return engine, row_draft
 
 
-def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft: Any = None,
+def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft: Any = DEFAULT,
                    config: GenerationConfig | None = None, configs: Sequence[GenerationConfig] | None = None,
-                   max_batch: int | None = None, max_positions: int | None = None, **options: Any) -> list[Any]:
+                   max_batch: int | None = None, max_positions: int | None = None, draft_gate: bool = False,
+                   **options: Any) -> list[Any]:
     """Generate a continuation of each prompt, all rows in one batched pass per round; one
     :class:`~specdec.decoding.GenerationOutput` per prompt, in order, each equal to what
     :func:`specdec.generate` gives for that prompt alone (see the module docstring).
 
-    draft: None (plain), one model with the target's tokenizer (loaded, a preset name, ``"name:int8"``),
-      or a parameter-free drafter name (each row gets its own).
+    draft: None (plain), one model with the target's tokenizer (loaded, a preset name, ``"name:int8"``), a
+      hierarchy over one (its top model drafts for the batch's rows, all of it for a lone row), or a parameter-free
+      drafter name (each row gets its own); left to the default, the packaged target's default draft
+      (:func:`specdec.config.preset_draft`; plain for any other target).
     config / options: the settings of every row (a :class:`GenerationConfig` or its fields as keywords);
       configs: one per prompt instead (each its own sampling settings, seed, stop strings, max_new_tokens).
     max_batch: rows at once (default: all prompts); further prompts join as rows finish.
+    draft_gate: True: the draft model drafts while the batch's measured rounds say it pays (specdec.batch_gate);
+      False (the default): as the rows' schedules say, every round.
     """
     if configs is not None and (config is not None or options):
         raise SpecDecError("pass either configs= (one per prompt) or config= / keyword options, not both")
@@ -371,7 +332,10 @@ def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft
         raise SpecDecError(f"configs= has {len(configs)} entries for {len(prompts)} prompts; give one per prompt")
     if not prompts:
         return []
-    engine, row_draft = batch_engine(target, draft, configs, max_batch or len(prompts), max_positions)
+    if isinstance(draft, str) and draft == DEFAULT:
+        target = load(target)
+        draft = preset_draft(target)
+    engine, row_draft = batch_engine(target, draft, configs, max_batch or len(prompts), max_positions, draft_gate)
     target = engine.target
     from specdec.decoding import prompt_token_ids
 

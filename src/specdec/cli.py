@@ -71,9 +71,29 @@ def constraint_options(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
+def prediction_text(args: argparse.Namespace) -> str | None:
+    """--prediction FILE (or '-': standard input, when the prompt is not read from it), read here."""
+    from specdec.errors import SpecDecError
+
+    path = getattr(args, "prediction", None)
+    if path is None:
+        return None
+    if path == "-":
+        if args.prompt == "-":
+            raise SpecDecError("the prompt and --prediction cannot both come from standard input: give one a file")
+        return sys.stdin.read()
+    try:
+        return pathlib.Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else "it is not UTF-8 text"
+        raise SpecDecError(f"cannot read the prediction file {path!r}: {reason}; give the path of a file that holds "
+                           "the text the output is expected to repeat") from None
+
+
 def _generate(args: argparse.Namespace) -> int:
     import specdec
 
+    prediction = prediction_text(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     config = specdec.GenerationConfig.from_options(
         gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -81,7 +101,8 @@ def _generate(args: argparse.Namespace) -> int:
         gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
         lenience=args.lenience, verification=args.verification, num_beams=args.num_beams,
         draft_beams=args.draft_beams, beam_mode=args.beam_mode,
-        length_penalty=args.length_penalty, forced_drafts=args.forced_drafts, **constraint_options(args),
+        length_penalty=args.length_penalty, forced_drafts=args.forced_drafts, prediction=prediction,
+        **constraint_options(args),
     )
     if not prompt.strip():
         raise specdec.SpecDecError("the prompt is empty; give some text to continue"

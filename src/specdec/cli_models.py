@@ -21,9 +21,8 @@ def draft_spec(args: argparse.Namespace) -> str:
         check_method(method)
     if args.draft:
         spec = join_levels(args.draft)
-    else:
-        batched = (getattr(args, "max_batch", None) or 1) > 1  # specdec serve's batch engine: one draft model
-        spec = default_draft(args.device, batched) if args.draft_quantize is None else DEFAULT_DRAFT
+    else:  # (specdec serve's batch engine too: its rows draft with the top model, a lone row with all of it)
+        spec = default_draft(args.device) if args.draft_quantize is None else DEFAULT_DRAFT
     if is_plain(spec):
         return PLAIN
     return with_default_quantization(spec, method)
@@ -77,7 +76,8 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     quantize = target_quantization(args)
     draft = plan_draft(draft_spec(args)).load(dtype=args.dtype if args.dtype is not None else load_dtype(None, quantize),
                                               device=resolve_device(args.device), compile=bool(args.compile)).draft
-    target = specdec.load(args.target, dtype=args.dtype, quantize=quantize, device=args.device,
+    # the dtype as load() would take it (float models: bf16), given: --quantize none loads the float target
+    target = specdec.load(args.target, dtype=load_dtype(args.dtype, quantize), quantize=quantize, device=args.device,
                           compile=bool(args.compile), tokenizer=target_tokenizer)
     for level in draft if isinstance(draft, list) else [draft]:
         if isinstance(level, Model) and level.hf_model is not None:

@@ -20,6 +20,7 @@ from specdec.config import (
 
 SERVED_POSITIONS = 4096  # the served caches' capacity (specdec serve --max-positions)
 SERVED_BATCH_CPU = 8  # specdec serve --max-batch on CPU (docs/serving.md: the load test)
+SERVED_PREFIX_CACHE_MB = 1024  # specdec serve --prefix-cache: about 18,000 positions of the 1.5B and its 0.5B draft
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -81,6 +82,12 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                    help="paper A.5: l in (0, 1]; below 1 trades exactness for speed (default 1 = exact)")
 
 
+def _add_prediction_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prediction", metavar="FILE", default=None,
+                   help="Predicted Outputs: a file holding the text the output is expected to repeat (the code being "
+                        "edited; '-': standard input), drafted wherever the output follows it; exact like any draft")
+
+
 def _add_constraint_options(p: argparse.ArgumentParser) -> None:
     """Structured output (specdec.constraints): one of the three; exact under speculation."""
     group = p.add_argument_group("structured output (one of)")
@@ -104,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
     _add_generation_options(gen)
     _add_constraint_options(gen)
+    _add_prediction_option(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON document (text, token_ids, stats) instead of streaming")
     gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                      help="colour tokens by origin: green = accepted from the draft, blue = produced by the target")
@@ -126,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with CUDA graphs: the positions (prompt + max_tokens) every request's cache holds, fixed "
                             "when the server starts, when every step is captured; a longer request runs eagerly "
                             f"(default {SERVED_POSITIONS}; attention reads the whole cache, so more costs every step)")
+    serve.add_argument("--prefix-cache", type=float, default=SERVED_PREFIX_CACHE_MB, metavar="MB",
+                       help="with --max-batch > 1: MB of finished requests' keys and values kept for later requests "
+                            "that begin the same way (a conversation's next turn, a shared system prompt, a file sent "
+                            "again), least recently used out first; the exact quantized targets only (bit for bit a "
+                            f"fresh prefill); 0: none (default {SERVED_PREFIX_CACHE_MB:g})")
     serve.add_argument("--timeout", type=float, default=600.0,
                        help="seconds a request may take, queue included; a request may ask for less (default 600)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

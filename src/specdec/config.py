@@ -52,13 +52,12 @@ DEFAULT_GAMMA = 4
 MAX_GAMMA_FLOOR = 12
 
 
-def default_draft(device: Any = None, batched: bool = False) -> str:
-    """The draft specification used when none is given (CLI, server): the 0.5B; on CPU in int4 with its head cut to
-    the first 65,536 ids where the CPU has AVX-512 VNNI or AVX2, else int8, with prompt lookup drafting for it
-    (``qwen2.5-coder-0.5b:int4@65536<-prompt-lookup``).
-    ``batched``: for the batch engine (``specdec serve --max-batch N``), which drafts with one model: that 0.5B
-    alone (``qwen2.5-coder-0.5b:int4@65536`` where the CPU has the kernels; 1.09-1.29x the int8 0.5B's speed at 1 and
-    2 rows, 0.96-1.06x at 8: docs/serving.md)."""
+def default_draft(device: Any = None) -> str:
+    """The draft specification used when none is given (CLI, server, the Python API's presets): the 0.5B; on CPU in
+    int4 with its head cut to the first 65,536 ids where the CPU has AVX-512 VNNI or AVX2, else int8, with prompt
+    lookup drafting for it (``qwen2.5-coder-0.5b:int4@65536<-prompt-lookup``). The batch engine (``specdec serve
+    --max-batch N``) drafts its rows with the top model (``qwen2.5-coder-0.5b:int4@65536``: 1.09-1.29x the int8
+    0.5B's speed at 1 and 2 rows, 0.96-1.06x at 8: docs/serving.md), and a lone row with all of it."""
     from specdec.devices import resolve_device
     from specdec.models import int8_vnni
 
@@ -68,7 +67,23 @@ def default_draft(device: Any = None, batched: bool = False) -> str:
     quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU
     vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if vnni else DEFAULT_DRAFT_VOCABULARY_CPU
     head = f"@{vocabulary}" if vocabulary else ""
-    return f"{DEFAULT_DRAFT}:{quantize}{head}" + ("" if batched else f"<-{DEFAULT_DRAFT_INNER_CPU}")
+    return f"{DEFAULT_DRAFT}:{quantize}{head}<-{DEFAULT_DRAFT_INNER_CPU}"
+
+
+DEFAULT = "default"  # draft= left to the default (specdec.generate, generate_batch): :func:`preset_draft`
+
+
+def preset_draft(target: Any) -> Any:
+    """What ``draft="default"`` (the Python API's default) drafts ``target`` with: for the packaged target loaded by
+    its preset name, the CLI's and the server's default draft (:func:`default_draft`: on CPU the quantized 0.5B under
+    prompt lookup), its models loaded once and kept on the target; any other target: None (plain decoding)."""
+    if getattr(target, "preset", None) != DEFAULT_TARGET:
+        return None
+    if target.default_draft is None:
+        from specdec.drafters import plan_draft
+
+        target.default_draft = plan_draft(default_draft(target.device)).load(target).draft
+    return target.default_draft
 
 
 def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:
@@ -115,6 +130,9 @@ class GenerationConfig:
       syntax). Exact under speculation: p and q are masked alike (specdec.constraints).
     forced_drafts: under a constraint, propose the tokens the grammar forces as a draft before asking the draft
       (specdec.drafters.forced); with a draft only.
+    prediction: Predicted Outputs: the text the output is expected to repeat (the code being edited), drafted in
+      front of the draft where the output follows it (specdec.drafters.prediction); exact like any draft. An empty
+      string is no prediction.
     """
 
     gamma: int = DEFAULT_GAMMA
@@ -139,6 +157,7 @@ class GenerationConfig:
     regex: str | None = None
     grammar: str | None = None
     forced_drafts: bool = True
+    prediction: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
@@ -202,6 +221,11 @@ class GenerationConfig:
         self.constraint  # validates the schema, regex or grammar (llguidance; before any model runs)
         if not isinstance(self.forced_drafts, bool):
             raise SpecDecError(f"forced_drafts must be True or False, got {self.forced_drafts!r}")
+        if self.prediction is not None and not isinstance(self.prediction, str):
+            raise SpecDecError(f"prediction must be the expected output's text (a string), got "
+                               f"{type(self.prediction).__name__}")
+        if self.prediction == "":
+            object.__setattr__(self, "prediction", None)  # an empty prediction is no prediction
         if self.early_stopping not in (True, False, "never"):
             raise SpecDecError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if self.num_beams > 1:
@@ -213,6 +237,7 @@ class GenerationConfig:
                     ("verification='block'", self.verification == "block"),
                     (f"gamma_schedule={self.gamma_schedule}", self.gamma_schedule != "constant"),
                     ("a constraint (json_schema, regex, grammar)", self.constraint is not None),
+                    ("a prediction", self.prediction is not None),
                 ) if on
             ]
             if unsupported:

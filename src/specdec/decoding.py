@@ -23,10 +23,11 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.config import GenerationConfig
+from specdec.config import DEFAULT, GenerationConfig, preset_draft
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import DraftContext, DraftPlan, plan_draft
 from specdec.drafters.forced import with_forced
+from specdec.drafters.prediction import PredictionDrafter, with_prediction
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
@@ -73,7 +74,7 @@ def generate(
     target: Any,
     prompt: str | Sequence[int],
     *,
-    draft: Any = None,
+    draft: Any = DEFAULT,
     config: GenerationConfig | None = None,
     on_tokens: TokenCallback | None = None,
     on_round: RoundCallback | None = None,
@@ -85,7 +86,10 @@ def generate(
     prompt: text, or a list of token ids (then ``chat`` is ignored).
     draft: None (plain decoding), a drafter name ("prompt-lookup", "bigram", "unigram", "random"),
       a model (loaded or a preset name), a :class:`~specdec.drafters.Drafter`, or a list of them for
-      hierarchical drafting (``[draft_model, "prompt-lookup"]``).
+      hierarchical drafting (``[draft_model, "prompt-lookup"]``). Left to the default (``"default"``): the
+      packaged target's default draft, as the CLI and the server draft (on CPU the quantized 0.5B under prompt
+      lookup, loaded once), and plain decoding for any other target or a beam search
+      (:func:`specdec.config.preset_draft`).
     config / options: a :class:`GenerationConfig`, or its fields as keywords (gamma, temperature,
       top_k, top_p, max_new_tokens, stop, chat, seed, gamma_schedule, max_gamma, confidence, lenience).
     on_tokens: streaming callback, see :data:`TokenCallback`.
@@ -98,6 +102,10 @@ def generate(
         config = GenerationConfig.from_options(**options)
     elif options:
         raise SpecDecError("pass either config= or keyword options, not both")
+    if isinstance(draft, str) and draft == DEFAULT:
+        _check_names(target, plan_draft(None))
+        target = load(target)
+        draft = preset_draft(target) if config.num_beams == 1 else None
     plan = plan_draft(draft)  # a draft is resolved once: parsed, checked, then loaded and built
     _check_names(target, plan)
     target = load(target)
@@ -110,6 +118,7 @@ def generate(
     drafter = plan.build(target, inner_gamma=config.gamma)
     if config.constraint is not None and drafter is not None and config.forced_drafts:
         drafter = with_forced(drafter)
+    drafter = with_prediction(drafter, prediction_ids(target, config))  # (the prediction first: Predicted Outputs)
     run = _prepare(target, drafter, prompt_ids, config, seed, on_tokens)
     run.on_round = on_round
     try:
@@ -139,6 +148,18 @@ def _check_names(target: Any, plan: DraftPlan) -> None:
     plan.check()
 
 
+def prediction_ids(target: LanguageModel, config: GenerationConfig) -> list[int]:
+    """The prediction's tokens as the target would write them (no special tokens added), checked: it must fit the
+    target's context. [] without a prediction."""
+    if config.prediction is None:
+        return []
+    ids = list(target.tokenizer(config.prediction, add_special_tokens=False)["input_ids"])
+    if target.max_context is not None and len(ids) > target.max_context:
+        raise SpecDecError(f"the prediction has {len(ids)} tokens but {target.name} reads at most {target.max_context}; "
+                           "shorten it (it is the text the output is expected to repeat)")
+    return ids
+
+
 def prompt_token_ids(target: LanguageModel, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
     """The prompt as the target's token ids, checked (not empty, within the context). The batch engine's too."""
     if isinstance(prompt, str):
@@ -155,12 +176,8 @@ def prompt_token_ids(target: LanguageModel, prompt: str | Sequence[int], config:
 
 @dataclass(kw_only=True, eq=False)
 class _Run(RunState):
-    """One generation alone between prepare and finish: a :class:`~specdec.run_state.RunState` with the
-    target's session and the round clock."""
-
-    session: Any  # the target's ModelSession
-    clock: RoundClock
-    ahead: Any = None  # (round graph, its output slot): the next round, launched before this one was read
+    """One generation alone between prepare and finish: a :class:`~specdec.run_state.RunState` (its session and
+    round clock set) that gives its caches back when it closes."""
 
     def close(self) -> None:
         """Give every cache back to its model's pool: the target's and every draft level's."""
@@ -235,6 +252,8 @@ def _round(run: _Run) -> None:
     generated = len(run.sequence) - run.start_len
     # Never draft past the budget: n accepted + 1 target token must fit.
     wanted = run.schedule.next_gamma() if drafter is not None else 0
+    if isinstance(drafter, PredictionDrafter):  # on the prediction: more at once (it costs no draft model)
+        wanted = drafter.reach(run.sequence, wanted)
     k = min(wanted, run.limit - generated - 1)
     length = len(run.sequence)
     carried, run.carried = run.carried, None
@@ -251,6 +270,8 @@ def _round(run: _Run) -> None:
             run.constraint.commit()
             check_dead_end(run, r.new)
     run.stats.record_round(r)
+    if isinstance(drafter, PredictionDrafter):  # its proposal lengths follow the measured verification cost
+        drafter.observe_pass(run.session.last_pass_tokens, r.time_verify)
     run.ids[length: length + len(r.new)] = r.result.tokens[: len(r.new)]  # the round's tokens stay on the device
     if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,

@@ -18,6 +18,7 @@ import torch
 from specdec.config import GenerationConfig
 from specdec.devices import Stopwatch
 from specdec.drafters.forced import ForcedDrafter
+from specdec.drafters.prediction import PredictionDrafter
 from specdec.models import LanguageModel
 from specdec.stats import GenerationStats
 from specdec.text import StopScan
@@ -105,6 +106,11 @@ class RunState:
     stop_text: str | None = None
     carried: torch.Tensor | None = None  # [1, V] the last position's logits from the prefill (first round only)
     constraint: Any = None  # structured output: the sequence's specdec.constraints.Constraint
+    # the one-sequence engine's (specdec.decoding: a generation alone, and a batch's lone row, specdec.batch_alone):
+    # the target's session of its own, the round clock, the next round launched before this one was read (graphs)
+    session: Any = None
+    clock: Any = None
+    ahead: Any = None
 
 
 def append_tokens(run: RunState, new: list[int], origins: list[bool]) -> list[int]:
@@ -168,6 +174,8 @@ def finish_output(run: RunState) -> GenerationOutput:
         stats.constraint = {**run.constraint.report(), **(drafter.report() if isinstance(drafter, ForcedDrafter) else {})}
         if run.stop_text is not None:  # a stop string cut the text inside the constrained output: not a whole match
             stats.constraint["complete"] = False
+    if isinstance(drafter, PredictionDrafter):
+        stats.prediction = drafter.report()
     if drafter is not None:
         report = drafter.stats()
         stats.time_convert += report.time_convert

@@ -23,6 +23,7 @@ def _object(properties: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[
 STATS_SCHEMA = _object({
     "new_tokens": _INTEGER,
     "prompt_tokens": _INTEGER,
+    "cached_tokens": _INTEGER,
     "target_calls": _INTEGER,  # serial target forward passes, one per round
     "draft_calls": _INTEGER,  # forward passes of a model draft (0 for parameter-free drafts)
     "drafted": _INTEGER,
@@ -59,7 +60,13 @@ STATS_SCHEMA = _object({
         "forced_proposed": _INTEGER,  # ... the forced tokens it proposed,
         "forced_accepted": _INTEGER,  # ... and those accepted
     }, optional=("forced_rounds", "forced_proposed", "forced_accepted")),
-}, optional=("constraint",))
+    "prediction": _object({  # Predicted Outputs only (specdec.drafters.prediction), OpenAI's counts and more
+        "accepted_prediction_tokens": _INTEGER,  # proposed from the prediction and accepted
+        "rejected_prediction_tokens": _INTEGER,  # proposed from it and rejected
+        "prediction_rounds": _INTEGER,  # target calls whose draft came from the prediction
+        "prediction_tokens": _INTEGER,  # the prediction's length in tokens
+    }),
+}, optional=("constraint", "prediction"))
 
 CONFIG_SCHEMA = _object({
     "gamma": _INTEGER,
@@ -84,6 +91,7 @@ CONFIG_SCHEMA = _object({
     "regex": {"type": ["string", "null"]},
     "grammar": {"type": ["string", "null"]},
     "forced_drafts": {"type": "boolean"},
+    "prediction": {"type": ["string", "null"]},
 })
 
 #: The whole document. "extra" appears only with beam search (num_beams > 1).

@@ -62,6 +62,7 @@ class RoundTally:
 class GenerationStats(RoundTally):
     new_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, positions whose keys and values came from the prefix cache
     target_calls: int = 0  # serial forward passes of the target (prefill included)
     draft_calls: int = 0  # forward passes of a model draft (0 for parameter-free drafts)
     time_draft: float = 0.0
@@ -84,6 +85,8 @@ class GenerationStats(RoundTally):
     # structured output (specdec.constraints): kind, source, complete (the text matches), masks computed and
     # their host time, and the grammar draft's forced tokens proposed / accepted; {} without a constraint
     constraint: dict[str, Any] = field(default_factory=dict)
+    # Predicted Outputs (specdec.drafters.prediction): accepted / rejected prediction tokens; {} without one
+    prediction: dict[str, Any] = field(default_factory=dict)
 
     def record_step(self, drafted: int, accepted: int, betas: list[float]) -> None:
         self.target_calls += 1
@@ -113,6 +116,7 @@ class GenerationStats(RoundTally):
         return {
             "new_tokens": self.new_tokens,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "target_calls": self.target_calls,
             "draft_calls": self.draft_calls,
             "drafted": self.drafted,
@@ -139,6 +143,7 @@ class GenerationStats(RoundTally):
             "rounds_per_step": self.rounds_per_step,
             "rounds_chained": self.rounds_chained,
             **({"constraint": self.constraint} if self.constraint else {}),
+            **({"prediction": self.prediction} if self.prediction else {}),
         }
 
     def _draft_parts(self) -> str:

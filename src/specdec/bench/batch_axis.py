@@ -46,7 +46,7 @@ def run_batch(target: Any, draft: Any, cell: Cell, prompts: list[list[int]], bat
                               "draft": cell.draft, "gamma": cell.gamma, "schedule": cell.schedule}
     try:
         engine, row_draft = batch_engine(target, draft if cell.draft else None, [config], batch)
-    except SpecDecError as e:  # a hierarchy, a draft with another tokenizer: one sequence at a time only
+    except SpecDecError as e:  # a draft with another tokenizer, a llama.cpp draft: one sequence at a time only
         return {**record, "skipped": str(e)}
     rows = [engine.add(ids, config, draft=row_draft) for ids in prompts]
     _, seconds, cpu = timed(engine.run, target.device)

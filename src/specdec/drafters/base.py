@@ -224,3 +224,24 @@ class Completed(DrafterBase):
     def observe(self, sequence: Sequence[int]) -> None:
         if (tell := getattr(self.inner, "observe", None)) is not None:
             tell(sequence)
+
+
+class InFront(DrafterBase):
+    """A drafter in front of another (``inner``; None: none): the grammar's forced tokens, a prediction. What it
+    does not draft itself, ``inner`` does; its model passes, statistics, sessions and step widths are ``inner``'s."""
+
+    inner: Drafter | None = None
+
+    @property
+    def forward_passes(self) -> int:  # type: ignore[override]
+        return self.inner.forward_passes if self.inner is not None else 0
+
+    def stats(self) -> DrafterStats:
+        return self.inner.stats() if self.inner is not None else DrafterStats()
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+    def step_widths(self, gamma: int) -> StepWidths:
+        return self.inner.step_widths(gamma) if self.inner is not None else {}

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterBase, DrafterStats, StepWidths
+from specdec.drafters.base import Draft, DraftContext, Drafter, InFront
 from specdec.errors import SpecDecError
 
 
-class ForcedDrafter(DrafterBase):
+class ForcedDrafter(InFront):
     """Forced tokens first, ``inner`` for the free parts (``draft="grammar"``: forced tokens only)."""
 
     def __init__(self, inner: Drafter | None = None):
@@ -24,10 +24,6 @@ class ForcedDrafter(DrafterBase):
         self.name = "grammar" if inner is None else f"grammar+{inner.name}"
         self._forced_round = False
         self.proposed = self.accepted = self.rounds = 0
-
-    @property
-    def forward_passes(self) -> int:  # type: ignore[override]
-        return self.inner.forward_passes if self.inner is not None else 0
 
     def start(self, context: DraftContext) -> None:
         super().start(context)
@@ -60,15 +56,6 @@ class ForcedDrafter(DrafterBase):
     def report(self) -> dict[str, Any]:
         return {"forced_rounds": self.rounds, "forced_proposed": self.proposed, "forced_accepted": self.accepted}
 
-    def stats(self) -> DrafterStats:
-        return self.inner.stats() if self.inner is not None else DrafterStats()
-
-    def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
-
-    def step_widths(self, gamma: int) -> StepWidths:
-        return self.inner.step_widths(gamma) if self.inner is not None else {}
 
 
 def with_forced(drafter: Drafter) -> ForcedDrafter:

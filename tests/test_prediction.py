@@ -1,0 +1,201 @@
+"""Predicted Outputs (specdec.drafters.prediction): the expected text as an exact draft in front of the configured
+one. The output with a prediction is the output without it (greedy, token for token; at T = 1 the target's
+distribution), whatever the prediction's quality; the counts add up; alignment re-synchronises after insertions,
+deletions and changed words; bad predictions are clear errors, in the API, the CLI and the server."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.batching import BatchEngine
+from specdec.config import GenerationConfig
+from specdec.drafters.prediction import MIN_MATCH, PredictionDrafter, align
+from specdec.errors import SpecDecError
+from specdec.sampling import SamplingParams
+from stats_util import chi_square_pvalue
+from test_distribution import PROMPT as DIST_PROMPT, V, exact_joint
+from tiny import load_tiny, perturbed
+
+A, B, C, D, E, F, G, H = range(10, 18)  # token ids of a "source file"
+LINE1, LINE2, LINE3 = [A, B, C, 5], [D, E, F, 5], [G, H, A, 5]  # three "lines" ending in a newline token 5
+SOURCE = LINE1 + LINE2 + LINE3
+
+
+@pytest.mark.parametrize("output, prediction, anchor, expected", [
+    ([], SOURCE, 0, 0),  # nothing written yet: the prediction's start
+    (LINE1, SOURCE, 0, 4),  # on it: the next line is next
+    (LINE1 + [99, 98, 97, 5], SOURCE, 4, None),  # an inserted line: off the prediction (the draft drafts it)
+    (LINE1 + [99, 98, 97], SOURCE, 4, None),
+    (LINE1 + [99, 98, 97, 5, D, E], SOURCE, 4, 6),  # the newline and two tokens after it: back on it
+    (LINE1 + [99, 98, 97, 5, D, E, F], SOURCE, 4, 7),
+    (LINE1 + [G, H, A], SOURCE, 4, 11),  # a deleted line: the output skipped LINE2 and rejoined at LINE3
+    ([A, B, 42, 5, D], SOURCE, 0, None),  # a changed word: two tokens since are no evidence yet (MIN_MATCH 3)
+    ([A, B, 42, 5, D, E], SOURCE, 0, 6),  # ... three are
+    (LINE1 + LINE1, LINE1 + LINE1 + LINE2, 4, 8),  # a repeated line: the longest match places it
+    ([B, C, 5], SOURCE, 0, 4),
+])
+def test_alignment(output, prediction, anchor, expected):
+    assert align(output, prediction, anchor) == expected
+    assert MIN_MATCH == 3
+
+
+def test_a_repeated_line_keeps_its_order():
+    prediction = LINE1 + LINE2 + LINE1 + LINE3
+    assert align(LINE1, prediction, 0) == 4 and align(LINE1, prediction, 9) == 12  # the one after the anchor
+    assert align(LINE1, prediction, 20) == 12  # none after it: the last one before
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = load_tiny(eos=None)
+    return target, perturbed(target, 0.3)
+
+
+def predictions(plain_ids):
+    """A correct, a partly wrong (an insertion and a deletion) and an entirely wrong prediction of ``plain_ids``."""
+    ids = list(plain_ids)
+    wrong = [int(t) for t in torch.randint(3, 60, (len(ids),), generator=torch.Generator().manual_seed(0))]
+    return {"correct": ids, "partly wrong": ids[:8] + [30, 31, 32] + ids[8:20] + ids[24:], "wrong": wrong}
+
+
+@pytest.mark.parametrize("quality", ["correct", "partly wrong", "wrong"])
+@pytest.mark.parametrize("draft_kind", ["model", "none"])
+def test_greedy_output_with_a_prediction_is_the_output_without_it(pair, quality, draft_kind):
+    from specdec.drafters.model import ModelDrafter
+
+    target, model = pair
+    prompt = [1, 10, 11, 12, 13]
+    plain = specdec.generate(target, prompt, draft=None, max_new_tokens=40)
+    drafter = PredictionDrafter(predictions(plain.token_ids)[quality],
+                                inner=ModelDrafter(model) if draft_kind == "model" else None)
+    out = specdec.generate(target, prompt, draft=drafter, max_new_tokens=40)
+    assert out.token_ids == plain.token_ids
+    report = out.stats.prediction
+    assert report["accepted_prediction_tokens"] + report["rejected_prediction_tokens"] <= out.stats.drafted
+    assert report["accepted_prediction_tokens"] <= out.stats.accepted
+    if draft_kind == "none":  # every drafted token came from the prediction: the counts are the stats'
+        assert report["accepted_prediction_tokens"] == out.stats.accepted
+        assert report["accepted_prediction_tokens"] + report["rejected_prediction_tokens"] == out.stats.drafted
+    if quality == "correct":
+        assert out.stats.target_calls <= 4  # many tokens a round (16, then as far as its record allows)
+        assert report["rejected_prediction_tokens"] == 0 and report["accepted_prediction_tokens"] >= 36
+    if quality == "partly wrong":
+        assert report["accepted_prediction_tokens"] >= 20  # it re-synchronised after the insertion and the deletion
+
+
+def test_the_prediction_text_is_tokenized_without_special_tokens(pair):
+    target, model = pair
+    text = "w1 w2 w3 w4 w5 w6"
+    out = specdec.generate(target, [1, 10, 11], draft=model, max_new_tokens=12, prediction=text)
+    assert out.token_ids == specdec.generate(target, [1, 10, 11], draft=None, max_new_tokens=12).token_ids
+    assert out.stats.prediction["prediction_tokens"] == len(target.tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert specdec.generate(target, [1, 10, 11], draft=model, max_new_tokens=4, prediction="").stats.prediction == {}
+
+
+def test_at_temperature_one_a_prediction_draft_follows_the_target():
+    target = load_tiny(vocab=V, eos=None, sharp=2.0)
+    sampling = SamplingParams(temperature=1.0)
+    counts = torch.zeros(V * V)
+    for seed in range(2000):
+        drafter = PredictionDrafter([3, 5, 2, 7], inner=None)  # one-hot drafts, right or wrong
+        out = specdec.generate(target, DIST_PROMPT, draft=drafter, max_new_tokens=2, seed=seed, temperature=1.0)
+        counts[out.token_ids[0] * V + out.token_ids[1]] += 1
+    assert chi_square_pvalue(counts.numpy(), exact_joint(target, sampling).numpy()) > 1e-3
+
+
+def test_batched_rows_with_predictions_equal_their_generation_alone(monkeypatch):
+    """Rows of a batch (and a row alone: the one-sequence engine) with their own predictions, plain and
+    model-drafted rows beside them. (The predictions' texts stand for the expected outputs' ids here: a tiny model's
+    text need not give back its ids.)"""
+    import specdec.decoding as decoding
+    from test_quantize import quantized_copy
+
+    base = load_tiny(eos=None, hidden=128)
+    target, model = quantized_copy(base, "int8"), quantized_copy(perturbed(base, 0.1), "int8")
+    prompts = [[1, 10, 11, 12], [1, 13, 14, 15, 16], [1, 20, 21], [1, 30, 31, 32]]
+    expected = [specdec.generate(target, p, draft=None, max_new_tokens=30).token_ids for p in prompts]
+    texts = {f"prediction {i}": predictions(e)["partly wrong" if i == 1 else "correct"] for i, e in enumerate(expected)}
+    monkeypatch.setattr(decoding, "prediction_ids", lambda target, config: texts.get(config.prediction, []))
+    configs = [GenerationConfig(max_new_tokens=30, prediction=f"prediction {i}" if i != 2 else None)
+               for i in range(len(prompts))]
+    engine = BatchEngine(target, model, max_batch=3, draft_gate=False)
+    rows = [engine.add(p, c, draft=None if i == 3 else "model") for i, (p, c) in enumerate(zip(prompts, configs))]
+    engine.run()
+    assert [r.output.token_ids for r in rows] == expected
+    assert rows[0].output.stats.prediction["accepted_prediction_tokens"] > 10 and not rows[2].output.stats.prediction
+    alone = [specdec.generate(target, p, draft=None if i == 3 else model, config=c)
+             for i, (p, c) in enumerate(zip(prompts, configs))]
+    assert [a.token_ids for a in alone] == expected
+
+
+def test_bad_predictions_are_clear_errors(pair):
+    target, _ = pair
+    with pytest.raises(SpecDecError, match="prediction must be the expected output's text"):
+        GenerationConfig(prediction=["x"])
+    assert GenerationConfig(prediction="").prediction is None  # empty: no prediction
+    with pytest.raises(SpecDecError, match="beam search .* does not support a prediction"):
+        GenerationConfig(num_beams=2, prediction="x")
+    long_text = " ".join(["w1"] * (target.max_context + 10))
+    with pytest.raises(SpecDecError, match="the prediction has .* tokens but .* reads at most"):
+        specdec.generate(target, [1, 2], draft=None, prediction=long_text, max_new_tokens=2)
+
+
+def test_the_cli_reads_a_prediction_file(tmp_path, capsys):
+    from specdec import cli
+
+    missing = tmp_path / "none.txt"
+    assert cli.main(["generate", "x", "--prediction", str(missing)]) == 2
+    assert "cannot read the prediction file" in capsys.readouterr().err
+    assert cli.main(["generate", "-", "--prediction", "-"]) == 2
+    assert "cannot both come from standard input" in capsys.readouterr().err
+
+
+def test_the_server_takes_openais_prediction_and_reports_its_counts(monkeypatch):
+    from starlette.testclient import TestClient
+
+    from serving import wait_until
+    from specdec import cli, cli_serve
+    from specdec.serve.app import create_app
+
+    target = load_tiny(eos=None)
+    monkeypatch.setattr(cli_serve, "load_models", lambda args, tokenizer=None: (target, perturbed(target, 0.3)))
+    plain = specdec.generate(target, [1, 10, 11], draft=None, max_new_tokens=20)
+    predicted = target.decode(plain.token_ids)
+    import specdec.decoding as decoding  # (a tiny model's text need not give back its ids: the text stands for them)
+    monkeypatch.setattr(decoding, "prediction_ids", lambda target, config: list(plain.token_ids) if config.prediction else [])
+    for batch in ("1", "2"):
+        args = cli.build_parser().parse_args(["serve", "--target", "tiny", "--max-batch", batch, "--max-positions", "200"])
+        with TestClient(create_app(lambda: cli.load_served(args), max_batch=int(batch))) as http:
+            wait_until(lambda: http.get("/health").status_code == 200, 60, "the server to be ready")
+            body = {"model": "tiny", "prompt": [1, 10, 11], "max_tokens": 20}
+            for content in (predicted, [{"type": "text", "text": predicted[:5]}, {"type": "text", "text": predicted[5:]}]):
+                reply = http.post("/v1/completions", json={**body, "prediction": {"type": "content", "content": content}})
+                out = reply.json()
+                assert reply.status_code == 200 and out["choices"][0]["text"] == predicted
+                details = out["usage"]["completion_tokens_details"]
+                assert details["accepted_prediction_tokens"] > 10, details
+            assert "completion_tokens_details" not in http.post("/v1/completions", json=body).json()["usage"]
+            for bad in ({"type": "text", "content": "x"}, "x", {"type": "content", "content": 3},
+                        {"type": "content", "content": [{"type": "image"}]}):
+                reply = http.post("/v1/completions", json={**body, "prediction": bad})
+                assert reply.status_code == 400 and reply.json()["error"]["param"] == "prediction", bad
+
+
+def test_the_proposal_length_follows_the_measured_pass_cost():
+    """Theorem 8 with c = 0: dear wide passes (cost linear in the tokens, steep) give short proposals, flat ones
+    long; before any timed pass the measured prior of the int4 target (PASS_COST_*)."""
+    from specdec.drafters.prediction import PASS_COST_BASE, PASS_COST_PER_TOKEN
+
+    drafter = PredictionDrafter(list(range(10, 110)))
+    drafter.rounds, drafter.alpha = 3, 0.95
+    drafter.prompt_length = 0
+    assert drafter.pass_cost(33) == pytest.approx(PASS_COST_BASE + PASS_COST_PER_TOKEN * 33)
+    prior = drafter.reach(list(range(10, 20)), 4)
+    for k in (1, 5, 9, 17):  # flat: a pass over k tokens costs what one costs
+        drafter.observe_pass(k, 0.030)
+    flat = drafter.reach(list(range(10, 20)), 4)
+    steep = PredictionDrafter(list(range(10, 110)))
+    steep.rounds, steep.alpha, steep.prompt_length = 3, 0.95, 0
+    for k in (1, 5, 9, 17):
+        steep.observe_pass(k, 0.030 * k)
+    assert steep.reach(list(range(10, 20)), 4) == 4 < prior < flat  # (no gain over the draft's own gamma when steep)
