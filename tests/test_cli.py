@@ -79,12 +79,12 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     # for by prompt lookup; unquantized on CUDA (the int8/int4 kernels are CPU-only); an explicit choice wins everywhere
     from specdec.models import int8_vnni
 
-    quant = "int4@65536" if int8_vnni.cpu_supported() else "int8"
+    quant = "int4@65536" if int8_vnni.usable_isa() else "int8"
     assert spec("--device", "cpu") == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int8_vnni, "cpu_supported", lambda: False)
+        patch.setattr(int8_vnni, "usable_isa", lambda: None)
         assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
-        patch.setattr(int8_vnni, "cpu_supported", lambda: True)
+        patch.setattr(int8_vnni, "usable_isa", lambda: "avx2")
         assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int4@65536<-prompt-lookup"
     # and --help says so: both CPU defaults, as the CLI picks them
     draft_help = next(a.help for a in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
@@ -95,7 +95,7 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     # the batch engine too: its rows draft with the top model, a lone row with the hierarchy (specdec.batch_alone)
     assert draft_spec(served) == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int8_vnni, "cpu_supported", lambda: False)
+        patch.setattr(int8_vnni, "usable_isa", lambda: None)
         assert draft_spec(served) == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
     assert spec("--draft", "m", "--draft-quantize", "int8") == "m:int8"

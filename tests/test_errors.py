@@ -27,12 +27,19 @@ def target():
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
         ({"stop": [""]}, "stop must be non-empty strings"),
         ({"seed": "abc"}, "seed must be an integer"),
+        ({"seed": 99999999999999999999}, "seed must fit in 64 bits \\(from -2\\*\\*63 to 2\\*\\*64 - 1"),
+        ({"seed": -(2 ** 63) - 1}, "seed must fit in 64 bits"),
         ({"beams": 3}, "unknown generation option\\(s\\): beams"),
     ],
 )
 def test_invalid_generation_settings(target, options, message):
     with pytest.raises(SpecDecError, match=message):
         specdec.generate(target, "w1 w2", draft="prompt-lookup", **options)
+
+
+def test_the_seeds_at_both_ends_of_64_bits_run(target):
+    for seed in (2 ** 64 - 1, -(2 ** 63)):
+        assert len(specdec.generate(target, "w1 w2", seed=seed, temperature=1.0, max_new_tokens=3).token_ids) == 3
 
 
 def test_empty_prompt(target):

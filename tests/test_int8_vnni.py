@@ -161,6 +161,7 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_fbgemm_and_says_so(monkeypa
     monkeypatch.delenv(int8_kernels.ENV, raising=False)
     monkeypatch.setattr(int8_kernels, "default_kernel", lambda: "vnni")
     monkeypatch.setattr(int8_vnni, "build_error", lambda: "could not build specdec's vnni int8 kernel (no compiler)")
+    monkeypatch.setattr(int8_vnni, "_warned", False)
     try:
         int8_kernels._chosen = None
         with pytest.warns(UserWarning, match="no compiler.*fbgemm"):
@@ -255,19 +256,3 @@ def test_the_capability_override_picks_the_kernels_code(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
     assert int8_vnni.kernel_isa() in ("avx512", "avx2")  # (avx2 where the CPU has no AVX-512 VNNI)
 
-
-def test_a_new_machine_is_told_that_the_kernels_build_once(monkeypatch, capsys):
-    """The first use on a machine compiles the extension (about a minute, silent otherwise): the user is told what
-    the wait is; where torch's cache holds the build, it loads without a word."""
-    from torch.utils import cpp_extension
-
-    built, loads = int8_vnni.extension(), []
-    monkeypatch.setattr(cpp_extension, "load", lambda name, *args, **kwargs: loads.append(name) or built)
-    monkeypatch.setattr(int8_vnni, "_extension", None)
-    assert int8_vnni.extension() is built and loads == [int8_vnni._name()]
-    assert "building" not in capsys.readouterr().err  # built on this machine already: nothing said
-    monkeypatch.setattr(int8_vnni, "_extension", None)
-    monkeypatch.setattr(int8_vnni, "_name", lambda: "specdec_int8_vnni_never_built")
-    int8_vnni.extension()
-    assert loads[-1] == "specdec_int8_vnni_never_built"
-    assert "specdec: building the CPU kernels once for this machine" in capsys.readouterr().err

@@ -24,13 +24,15 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(kind: str = "llama", layers: int = 2, hidden: int = 64, seed: int = 0, vocab: int = len(VOCAB),
-               eos: int | None = 2, sharp: float = 1.0):
+               eos: int | None = 2, sharp: float = 1.0, heads: int = 4, kv_heads: int = 2, head_dim: int | None = None):
     """A tiny random causal LM. ``sharp`` scales the output layer (larger = more peaked distributions).
-    eos=None gives a model without an end-of-sequence token (it always generates max_new_tokens)."""
+    eos=None gives a model without an end-of-sequence token (it always generates max_new_tokens). ``heads``,
+    ``kv_heads`` and ``head_dim`` (default hidden / heads) give the attention the real models' shapes."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  bos_token_id=1, eos_token_id=eos, tie_word_embeddings=False)
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=eos, tie_word_embeddings=False,
+                  **({"head_dim": head_dim} if head_dim is not None else {}))
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif kind == "qwen2":

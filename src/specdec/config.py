@@ -63,11 +63,19 @@ def default_draft(device: Any = None) -> str:
 
     if resolve_device(device).type != "cpu":
         return DEFAULT_DRAFT
-    vnni = int8_vnni.cpu_supported()
-    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU
+    vnni = int8_vnni.usable_isa() is not None
+    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU if _has_fbgemm() else None
     vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if vnni else DEFAULT_DRAFT_VOCABULARY_CPU
     head = f"@{vocabulary}" if vocabulary else ""
-    return f"{DEFAULT_DRAFT}:{quantize}{head}<-{DEFAULT_DRAFT_INNER_CPU}"
+    model = f"{DEFAULT_DRAFT}:{quantize}{head}" if quantize else DEFAULT_DRAFT
+    return f"{model}<-{DEFAULT_DRAFT_INNER_CPU}"
+
+
+def _has_fbgemm() -> bool:
+    """Whether this torch build has fbgemm's int8 kernels (x86 builds; not ARM's)."""
+    import torch
+
+    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 DEFAULT = "default"  # draft= left to the default (specdec.generate, generate_batch): :func:`preset_draft`
@@ -88,15 +96,20 @@ def preset_draft(target: Any) -> Any:
 
 def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:
     """The quantization of a target loaded without one asked (CLI, server): the packaged default target on CPU
-    runs quantized and block-invariant (int4-mixed where the CPU has AVX-512 VNNI, int4 where it has AVX2 without it,
-    else int8), unless a dtype is asked; any other target, or another device, as it is."""
+    runs quantized and block-invariant (int4-mixed where specdec's kernels run their AVX-512 VNNI code, int4 where
+    they run their AVX2 code; where they do not run, as the CPU lacks AVX2, the build failed or ``SPECDEC_KERNELS=off``,
+    int8 through fbgemm where torch has it, else the float model: None), unless a dtype is asked; any other target,
+    or another device, as it is."""
     from specdec.devices import resolve_device
     from specdec.models import int8_vnni
 
     if target != DEFAULT_TARGET or dtype is not None or resolve_device(device).type != "cpu":
         return None
     by_isa = {"avx512": DEFAULT_TARGET_QUANTIZE_VNNI, "avx2": DEFAULT_TARGET_QUANTIZE_AVX2}
-    return by_isa.get(int8_vnni.kernel_isa(), DEFAULT_TARGET_QUANTIZE_CPU)
+    isa = int8_vnni.usable_isa()  # what really runs: where the kernels do not build, what runs without them
+    if isa is not None:
+        return by_isa[isa]
+    return DEFAULT_TARGET_QUANTIZE_CPU if _has_fbgemm() else None
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,9 @@ class GenerationConfig:
             raise SpecDecError(f"stop must be non-empty strings, got {self.stop!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise SpecDecError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and not -(2 ** 63) <= self.seed < 2 ** 64:
+            raise SpecDecError(f"seed must fit in 64 bits (from -2**63 to 2**64 - 1, as torch's generator takes it), "
+                               f"got {self.seed}")
         self.sampling  # validates temperature, top_k, top_p
         from specdec.schedules import SCHEDULES
 

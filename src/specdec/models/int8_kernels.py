@@ -103,10 +103,10 @@ def chosen() -> str:
             if not have:
                 raise SpecDecError("this torch build has no int8 CPU kernel (neither oneDNN nor fbgemm); load the "
                                    "model without quantize=")
+            from specdec.models import int8_vnni
+
             preferred, error = default_kernel(), None
             if preferred == "vnni" and "vnni" in have:
-                from specdec.models import int8_vnni
-
                 error = int8_vnni.build_error()  # builds it on the machine's first use
                 if error is not None:
                     have = [k for k in have if k != "vnni"]
@@ -116,7 +116,7 @@ def chosen() -> str:
             # names vnni), fbgemm: oneDNN's int8 GEMM without AMX re-lays weights out and is several times slower
             _chosen = preferred if preferred in have else ("fbgemm" if "fbgemm" in have else have[0])
             if error is not None:
-                warnings.warn(f"{error}: the int8 models run {_chosen}'s kernel instead", stacklevel=2)
+                int8_vnni.warn_unavailable(error)  # (once a process: "... int8 through fbgemm ...")
     return _chosen
 
 

@@ -16,16 +16,17 @@ own to round(x * (1 / max|x|) * 127), exact int32 accumulation, output scaled el
 ``(float(acc) * (w_scale / 127)) * row_scale + bias``. A row's output depends on its own input row only, so
 the int8 model stays block-invariant (tests/test_quantize.py, tests/test_int8_vnni.py).
 
-The extension is compiled on first use (about 40-80 s, once per machine, announced on stderr; torch's extension
-cache keeps it, keyed by the source's hash) with the C++ compiler torch's extensions use. Without a compiler, or on a CPU
-with neither AVX-512 VNNI nor AVX2, the kernel is unavailable and :func:`specdec.models.int8_kernels.chosen` falls
-back to fbgemm, saying why.
+The extension is compiled on first use (about 40-80 s, once per machine, announced on stderr, with a progress line)
+with the C++ compiler torch's extensions use, in a folder keyed by the content of its sources, its flags and torch's
+version, then imported from there by every process, checkout and venv (:mod:`specdec.models.kernel_build`). Without
+a compiler, on a CPU with neither AVX-512 VNNI nor AVX2, or with ``SPECDEC_KERNELS=off``, the kernel is unavailable:
+:func:`usable_isa` says so once and the defaults run without it (:func:`specdec.config.default_target_quantize`;
+:func:`specdec.models.int8_kernels.chosen` falls back to fbgemm).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sys
 import threading
 import warnings
@@ -64,6 +65,8 @@ def kernel_isa() -> str | None:
 
     from specdec.sweeps.machine import _cpuinfo
 
+    if turned_off():
+        return None
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     flags = set(_cpuinfo()[1])
     if capability and capability != "avx2" and not capability.startswith("avx512"):
@@ -78,21 +81,26 @@ def cpu_supported() -> bool:
     return kernel_isa() is not None
 
 
-def _name() -> str:
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + torch.__version__.encode()).hexdigest()[:12]
-    return f"specdec_int8_vnni_{digest}"
+#: The flags the extension is built with (in its build key: :func:`specdec.models.kernel_build.build_key`).
+CFLAGS, LDFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp"), ("-fopenmp",)
+#: ``SPECDEC_KERNELS=off``: act as on a CPU where no specdec kernel runs (what runs there: README, "Other CPUs").
+ENV_OFF = "SPECDEC_KERNELS"
+#: What to install where the build fails.
+FIX = "install a C++ compiler (g++ 9 or newer: apt install g++) and ninja (pip install ninja), then run again"
+
+_warned = False
 
 
-def _built(cpp_extension, name: str) -> bool:
-    """Whether torch's extension cache holds the built ``name`` (True where that cannot be told: no message)."""
-    try:
-        return (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").exists()
-    except Exception:  # (a private torch helper: another torch may lack it)
-        return True
+def turned_off() -> bool:
+    """Whether ``SPECDEC_KERNELS=off`` (or 0, none) turns specdec's kernels off in this process."""
+    import os
+
+    return os.environ.get(ENV_OFF, "").strip().lower() in ("off", "0", "none", "false")
 
 
 def extension():
-    """The compiled extension (built on the first call of the machine, then loaded from torch's cache)."""
+    """The compiled extension (built on the first use of the machine, then loaded from its folder:
+    :mod:`specdec.models.kernel_build`)."""
     global _extension, _failure
     if _extension is not None:
         return _extension
@@ -102,26 +110,43 @@ def extension():
                 raise SpecDecError(_failure)
             isa = kernel_isa()
             if isa is None:
-                _failure = "the vnni int8 kernel needs a CPU with AVX-512 VNNI or AVX2 (with FMA and F16C); this one has neither"
+                _failure = ("specdec's CPU kernels are turned off (SPECDEC_KERNELS=off)" if turned_off() else
+                            "specdec's CPU kernels need a CPU with AVX-512 VNNI or AVX2 (with FMA and F16C); "
+                            "this one has neither")
                 raise SpecDecError(_failure)
-            from torch.utils import cpp_extension
+            from specdec.models import kernel_build
 
-            if not _built(cpp_extension, _name()):  # the one wait of a new machine: say what it is
-                print("specdec: building the CPU kernels once for this machine (about a minute; later runs load them)",
-                      file=sys.stderr, flush=True)
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    _extension = cpp_extension.load(
-                        _name(), [str(s) for s in SOURCES], extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
-                        extra_ldflags=["-fopenmp"], verbose=False)
+                _extension = kernel_build.load("specdec_cpu_kernels", SOURCES, HEADERS, CFLAGS, LDFLAGS)
             except Exception as exc:  # no compiler, no ninja, a compile error
-                _failure = (f"could not build specdec's vnni int8 kernel ({type(exc).__name__}: "
-                            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}); it needs a C++ compiler "
-                            "and ninja (pip install ninja)")
+                lines = str(exc).strip().splitlines()
+                _failure = (f"could not build specdec's CPU kernels ({type(exc).__name__}: "
+                            f"{lines[-1] if lines else exc}); {FIX}")
                 raise SpecDecError(_failure) from None
             _extension.set_avx2(isa == "avx2")  # once per process: plain and speculative passes run the same code
     return _extension
+
+
+def usable_isa() -> str | None:
+    """The code that really runs here: :func:`kernel_isa` where the extension builds and loads (built on the first
+    use of the machine), else None, after :func:`warn_unavailable` (the defaults then pick what runs without it)."""
+    isa = kernel_isa()
+    if isa is None:
+        return None
+    error = build_error()
+    if error is not None:
+        warn_unavailable(error)
+        return None
+    return isa
+
+
+def warn_unavailable(error: str) -> None:
+    """Warn once a process that the kernels cannot run (``error``: why, with the fix) and what runs instead."""
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"{error}. specdec runs without its CPU kernels: the default target in int8 through fbgemm "
+                      "where torch has it, else in float, slower but exact with respect to what runs", stacklevel=3)
 
 
 @contextlib.contextmanager
@@ -230,12 +255,26 @@ class VnniWeight:
                                 self.out_features, per_pass, amx_from(), list(widths))
 
 
-def main() -> int:
-    """Build the extension now (``make setup`` calls this, so no first generation waits for the compiler)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build the extension now (``make setup`` calls this, so no first generation waits for the compiler). A failed
+    build is said loudly; with ``--require`` (``make test``, CI) it is exit status 1, else 0 (the defaults then run
+    without the kernels, and say so)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="specdec.models.int8_vnni.main", description=main.__doc__)
+    parser.add_argument("--require", action="store_true", help="exit 1 where the kernels should run but do not build")
+    args = parser.parse_args(argv)
     if not cpu_supported():
-        print("specdec's vnni int8 kernel: this CPU has neither AVX-512 VNNI nor AVX2 (the int8 models run fbgemm)")
+        print("specdec's CPU kernels: " + ("turned off (SPECDEC_KERNELS=off)" if turned_off() else
+              "this CPU has neither AVX-512 VNNI nor AVX2 (the default target runs int8 through fbgemm, or float)"))
         return 0
     error = build_error()
-    print(f"specdec's vnni int8 kernel: {error}" if error else
-          f"specdec's vnni int8 kernel: built and loaded ({kernel_isa()} code)")
-    return 0
+    if error is None:
+        print(f"specdec's CPU kernels: built and loaded ({kernel_isa()} code)")
+        return 0
+    banner = "!" * 100
+    print(f"{banner}\nspecdec's CPU kernels FAILED to build: {error}\n"
+          f"specdec still runs, slower: the default target in int8 through fbgemm or in float\n{banner}",
+          file=sys.stderr)
+    return 1 if args.require else 0
+

@@ -273,7 +273,7 @@ def parse_request(body: dict[str, Any], *, chat: bool, served: Served) -> Genera
         temperature=_field(body, "temperature", number, "a number >= 0", lambda v: math.isfinite(v) and v >= 0),
         top_p=_field(body, "top_p", number, "a number in (0, 1]", lambda v: 0 < v <= 1),
         top_k=_field(body, "top_k", (int,), "an integer >= 1", lambda v: v >= 1),
-        seed=_field(body, "seed", (int,), "an integer"),
+        seed=_field(body, "seed", (int,), "an integer in 64 bits (-2**63 to 2**64 - 1)", lambda v: -2**63 <= v < 2**64),
         stop=_stop(body),
         max_new_tokens=max_tokens,
     )
