@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+import torch
 
 import specdec
 import specdec.bench as bench
@@ -102,6 +103,7 @@ def test_run_tiny(tiny_pair, prompts_file, tmp_path, capsys):
     assert result["config"]["n_prompts"] == 2 and result["config"]["dtype"] == "float32"
     assert result["machine"]["torch_threads"] >= 1 and result["machine"]["cpu_count"] >= 1
     assert result["machine"]["cpu_kind"] == cpu_kind()
+    assert result["machine"]["kernels"]["aten_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     (here,) = result["machine"]["units_measured_on"]  # every prompt's record names the machine that measured it
     assert (here["cpu"], here["cpu_kind"], here["code"], here["records"]) == (
         result["machine"]["cpu"], cpu_kind(), code_version(), 4)

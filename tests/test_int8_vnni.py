@@ -256,3 +256,25 @@ def test_the_capability_override_picks_the_kernels_code(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
     assert int8_vnni.kernel_isa() in ("avx512", "avx2")  # (avx2 where the CPU has no AVX-512 VNNI)
 
+
+
+@pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU runs no specdec kernel")
+def test_the_entry_points_refuse_tensors_of_the_wrong_size():
+    """A caller's mistake is a clear error from the extension, not a read past a buffer."""
+    ext = int8_vnni.extension()
+    torch.manual_seed(0)
+    weight = int8_vnni.VnniWeight(torch.quantize_per_channel(torch.randn(40, 64), torch.full((40,), 0.02),
+                                                             torch.zeros(40, dtype=torch.long), 0, torch.qint8))
+    x = torch.randn(3, 64)
+    good = (x, weight.packed, weight.colsum128, weight.scales_per_q, None, 40, False, 0, [])
+    assert ext.rows(*good)[0].shape == (3, 40)
+    cases = [((x, weight.packed, weight.colsum128[:20], weight.scales_per_q, None, 40, False, 0, []), "colsum128"),
+             ((x, weight.packed, weight.colsum128, weight.scales_per_q[:8], None, 40, False, 0, []), "scales"),
+             ((x, weight.packed, weight.colsum128, weight.scales_per_q, torch.zeros(5), 40, False, 0, []), "bias"),
+             ((x, weight.packed, weight.colsum128, weight.scales_per_q, None, 100, False, 0, []),
+              "N = 100 output columns; the packed weight holds 64"),
+             ((torch.randn(3, 80), weight.packed, weight.colsum128, weight.scales_per_q, None, 40, False, 0, []),
+              "x has 80 columns")]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            ext.rows(*args)

@@ -11,7 +11,8 @@ for bit, which is what makes the int8 target block-invariant (k one-token steps 
   its reference matmul (``ref_matmul_int8``: on the AVX-512 EPYC, Zen 4, torch 2.13, 100-1,000x slower than
   ``vnni``, docs/int8_kernels.md), so no CPU kind defaults to it. No quantized tensors: it does not depend on
   torch's deprecated ``torch.ao`` quantized API.
-- ``vnni``: specdec's own GEMM for AVX-512 VNNI CPUs (:mod:`specdec.models.int8_vnni`, compiled on first use):
+- ``vnni``: specdec's own GEMM for AVX-512 VNNI CPUs, with AVX2 code of the same bits elsewhere
+  (:mod:`specdec.models.int8_vnni`, compiled on first use):
   the oneDNN path's bits, with up to 8 rows computed per weight read, so a verification pass streams the
   weights once, as a one-token step does.
 - ``fbgemm``: torch's dynamic int8 (``quantized.linear_dynamic``) with two pinned columns (+1, -1) that
@@ -21,7 +22,7 @@ for bit, which is what makes the int8 target block-invariant (k one-token steps 
 fbgemm computes other bits than the other two (7 against 8 bits per activation), so the choice is made once per process
 (:func:`chosen`), before the first int8 layer is built, and never changes: plain and speculative decoding
 of one process run the same kernel. ``SPECDEC_INT8_KERNEL=vnni|onednn|fbgemm`` overrides the choice; the default
-per CPU kind is :data:`DEFAULT_BY_CPU` (measured: docs/int8_kernels.md).
+is :func:`default_kernel`: ``vnni`` wherever specdec's kernel runs, else fbgemm (measured: docs/int8_kernels.md).
 """
 
 from __future__ import annotations
@@ -35,17 +36,11 @@ from specdec.errors import SpecDecError
 
 KERNELS = ("vnni", "onednn", "fbgemm")
 ENV = "SPECDEC_INT8_KERNEL"
-#: The kernel each CPU kind runs by default, keyed by the best instruction set that
-#: :func:`specdec.sweeps.machine.cpu_kind` names. On the AMX Xeon (2 threads, the 1.5B's layer shapes, weights
-#: from memory) oneDNN's AMX GEMM is flat in the rows (one decoder layer: 1.14x at 8 rows against fbgemm's
-#: 1.61x) but 9% slower for one row, and whole one-token passes were slower with it (docs/int8_kernels.md):
-#: plain decoding and drafts run one-token passes, so fbgemm stays. The other kinds keep fbgemm until measured
-#: there; where fbgemm is missing (torch builds without it), oneDNN runs.
-#: specdec's vnni kernel, where the CPU has AVX-512 VNNI, streams the weights once for up to 8 rows and reads them
-#: faster than fbgemm for one row (the 1.5B's gate_up, 2 threads: 1.65 ms against 2.10 for 1 row, 1.93 against
-#: 3.56 for 8; docs/int8_kernels.md).
-DEFAULT_BY_CPU = {"AMX": "vnni", "AVX-512 BF16": "vnni", "AVX-512 VNNI": "vnni", "AVX-512": "fbgemm",
-                  "AVX2 only": "fbgemm"}
+#: Where specdec's kernel does not run, fbgemm: it reads a weight once per few rows, but oneDNN's int8 GEMM without AMX
+#: re-lays weights out or falls back to its reference matmul (100-1,000x slower); on the AMX Xeon oneDNN's AMX GEMM
+#: is flat in the rows but 9% slower for one row, and whole one-token passes were slower with it
+#: (docs/int8_kernels.md). Where fbgemm is missing (ARM builds of torch), oneDNN runs.
+FALLBACK = "fbgemm"
 
 _chosen: str | None = None
 
@@ -65,14 +60,10 @@ def available() -> list[str]:
 def default_kernel() -> str:
     """specdec's vnni kernel wherever it runs (AVX-512 VNNI, or its AVX2 code with the same bits:
     :func:`specdec.models.int8_vnni.kernel_isa`), so an int4-mixed model's int8 layers run the kernel its int4 layers
-    run (one kernel a model: its row attention and decoder step); elsewhere the kernel :data:`DEFAULT_BY_CPU` names
-    for this CPU (fbgemm for a kind it does not list)."""
+    run (one kernel a model: its row attention and decoder step); elsewhere :data:`FALLBACK`."""
     from specdec.models import int8_vnni
-    from specdec.sweeps.machine import cpu_kind  # (imported here: specdec.sweeps imports the models)
 
-    if int8_vnni.kernel_isa() is not None:
-        return "vnni"
-    return DEFAULT_BY_CPU.get(cpu_kind().split(", ")[0], "fbgemm")
+    return "vnni" if int8_vnni.kernel_isa() is not None else FALLBACK
 
 
 def check_kernel(name: str) -> str:
@@ -118,6 +109,34 @@ def chosen() -> str:
             if error is not None:
                 int8_vnni.warn_unavailable(error)  # (once a process: "... int8 through fbgemm ...")
     return _chosen
+
+
+def code_in_use() -> dict:
+    """Which kernel code this process runs, for records (builds nothing): specdec's kernels' code (``"avx512"``,
+    ``"avx2"``, or None where they are not loaded), whether passes of :func:`~specdec.models.int8_vnni.amx_from` rows or more use AMX tiles,
+    the int8 kernel chosen (None before any int8 model), the ATen capability torch's own kernels use and the
+    environment that set them (``ATEN_CPU_CAPABILITY``, ``SPECDEC_KERNELS``, ``SPECDEC_INT8_KERNEL``)."""
+    from specdec.models import int8_vnni
+
+    ext = int8_vnni._extension
+    return {"specdec_kernels": None if ext is None else "avx2" if ext.uses_avx2() else "avx512",
+            "amx_tiles": bool(ext is not None and ext.has_amx() and int8_vnni.amx_from() > 0),
+            "int8_kernel": _chosen,
+            "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", int8_vnni.ENV_OFF, ENV,
+                                               "SPECDEC_INT8_AMX_FROM") if k in os.environ}}
+
+
+def describe_code(code: dict | None) -> str:
+    """:func:`code_in_use` in words: "specdec kernels avx512 with AMX tiles, int8 kernel vnni, ATen AVX512"."""
+    if not code:
+        return "kernel code not recorded"
+    ours = code.get("specdec_kernels")
+    words = [f"specdec kernels {ours}" + (" with AMX tiles" if code.get("amx_tiles") else "") if ours
+             else "specdec kernels not loaded", f"int8 kernel {code.get('int8_kernel') or 'none'}",
+             f"ATen {code.get('aten_cpu_capability')}"]
+    env = code.get("env") or {}
+    return ", ".join(words) + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(env.items())) + ")" if env else "")
 
 
 def use(name: str) -> None:

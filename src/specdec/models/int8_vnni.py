@@ -63,12 +63,12 @@ def kernel_isa() -> str | None:
     ``default`` (no AVX2 at all) none."""
     import os
 
-    from specdec.sweeps.machine import _cpuinfo
+    from specdec.models.cpu import cpuinfo
 
     if turned_off():
         return None
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    flags = set(_cpuinfo()[1])
+    flags = set(cpuinfo()[1])
     if capability and capability != "avx2" and not capability.startswith("avx512"):
         return None
     if capability != "avx2" and {"avx512f", "avx512bw", "avx512_vnni"} <= flags:

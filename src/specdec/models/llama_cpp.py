@@ -73,9 +73,9 @@ def configuration(extra_buffers: bool | None = None) -> dict[str, Any]:
 
 
 def _extra_buffers(amx_in_build: bool) -> bool:
-    from specdec.sweeps.machine import _cpuinfo
+    from specdec.models.cpu import cpuinfo
 
-    return extra_buffers_default(_cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"), amx_in_build)
+    return extra_buffers_default(cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"), amx_in_build)
 
 
 def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_buffers: bool | None = None,

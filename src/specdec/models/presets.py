@@ -36,7 +36,7 @@ from importlib import metadata
 
 from specdec.errors import ModelPackageMissing, SpecDecError
 from specdec.models.catalog import PRESETS, VARIANTS, Preset, get_preset
-from specdec.models.gguf_convert import convert as _convert  # a name of this module: tests replace it
+from specdec.models.gguf_convert import convert_in_child as _convert  # a name of this module: tests replace it
 
 __all__ = ["PRESETS", "Preset", "VARIANTS", "cache_root", "converted_folder", "preset_gguf", "resolve_preset"]
 

@@ -201,6 +201,10 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
              + f" ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch threads), "
              f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
              + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else "")]
+    if machine.get("kernels"):
+        from specdec.models.int8_kernels import describe_code
+
+        lines.append(f"Kernel code: {describe_code(machine['kernels'])}")
     how = (result.get("config") or {}).get("llama_cpp")
     if how:
         lines.append(f"llama.cpp: llama-cpp-python {how['llama_cpp_python']}, a build "

@@ -21,47 +21,7 @@ import torch
 
 from specdec.devices import Stopwatch
 from specdec.models import LanguageModel
-
-
-@functools.lru_cache(maxsize=None)
-def _cpuinfo() -> tuple[str | None, frozenset[str]]:
-    """The processor's model name and flags from /proc/cpuinfo (Linux); (None, no flags) elsewhere."""
-    model, flags = None, frozenset()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name") and model is None:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return model, flags
-
-
-def cpu_model() -> str:
-    """The processor's model name (from /proc/cpuinfo on Linux), else what platform knows."""
-    return _cpuinfo()[0] or platform.processor() or platform.machine()
-
-
-#: The instruction sets that decide CPU speed here, as /proc/cpuinfo names them, and how reports name them.
-_KINDS = (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512_vnni", "AVX-512 VNNI"),
-          ("avx512f", "AVX-512"), ("avx2", "AVX2"))
-
-
-def cpu_kind(flags: set[str] | None = None) -> str:
-    """What kind of CPU this is for matrix kernels: its best instruction sets, e.g. ``"AVX-512 BF16, AVX-512
-    VNNI"`` or ``"AVX2 only"`` (bf16 verification is dear without AVX-512 BF16 or AMX: docs/int8_target.md
-    and docs/benchmarks.md). ``flags``: /proc/cpuinfo's (read here when None); "unknown" where there are none."""
-    if flags is None:
-        flags = set(_cpuinfo()[1])
-    have = [name for flag, name in _KINDS if flag in flags]
-    if not have:
-        return "unknown"
-    if have == ["AVX2"]:
-        return "AVX2 only"
-    specific = [name for name in have if name not in ("AVX-512", "AVX2")]  # AVX-512 BF16 implies AVX-512
-    return ", ".join(specific or [have[0]])
+from specdec.models.cpu import cpu_kind, cpu_model  # (reports import them from here too)
 
 
 def gpu_model() -> str | None:
@@ -112,8 +72,11 @@ def code_version() -> str:
 def where_measured() -> dict[str, Any]:
     """What a record names about the machine and the code that measured it (records of one sweep may come
     from several: Ray workers, or units of a stored sweep resumed on another day)."""
+    from specdec.models import int8_kernels
+
     gpu = gpu_model()
     return {"cpu": cpu_model(), "cpu_kind": cpu_kind(), **({"gpu": gpu} if gpu else {}), "code": code_version(),
+            "kernels": int8_kernels.code_in_use(),  # the kernel code the process ran (ISA, AMX, int8 kernel, ATen's)
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -153,6 +153,9 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   TORCH_CHECK(dmins.scalar_type() == torch::kHalf && dmins.is_contiguous() && dmins.numel() == groups * Kp / SUPER * 64 &&
               scs.scalar_type() == torch::kByte && scs.is_contiguous() && scs.numel() == groups * Kp / SUB * 64,
               "dmins: [N/32, K/256, 64] float16 and scs: [N/32, K/32, 64] uint8");
+  TORCH_CHECK(N >= 0 && N <= groups * GROUP4, "rows4: N = ", N, " output columns; the int4 weight holds ", groups * GROUP4);
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
+              bias->numel() >= N), "bias: contiguous float32 [N] (N = ", N, ")");
   std::vector<Out> outs;  // per group: its part
   auto ys = output_parts(x, M, N, groups, widths, GROUP4, "rows4", outs);
   if (M == 0) return ys;

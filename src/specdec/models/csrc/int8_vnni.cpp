@@ -191,6 +191,14 @@ std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& pac
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == GROUP && packed.size(3) == 4, "packed: [N/32, K4/4, 32, 4] int8");
   const int64_t M = x.size(0), K = x.size(1), KB = packed.size(1), K4 = KB * 4, groups = packed.size(0);
   TORCH_CHECK(K <= K4 && K4 - K < 4, "x has ", K, " columns; the packed weight takes ", K4);
+  TORCH_CHECK(packed.scalar_type() == torch::kChar && packed.is_contiguous(), "packed: contiguous int8");
+  TORCH_CHECK(N >= 0 && N <= groups * GROUP, "rows: N = ", N, " output columns; the packed weight holds ", groups * GROUP);
+  TORCH_CHECK(colsum128.scalar_type() == torch::kInt && colsum128.is_contiguous() && colsum128.numel() >= N,
+              "colsum128: contiguous int32 [N] (N = ", N, "), got ", colsum128.numel(), " values");
+  TORCH_CHECK(sq.scalar_type() == torch::kFloat32 && sq.is_contiguous() && sq.numel() >= N,
+              "scales: contiguous float32 [N] (N = ", N, "), got ", sq.numel(), " values");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
+              bias->numel() >= N), "bias: contiguous float32 [N] (N = ", N, ")");
   std::vector<Out> outs;  // per group: its part
   auto ys = output_parts(x, M, N, groups, widths, GROUP, "rows", outs);
   if (M == 0) return ys;
