@@ -119,7 +119,10 @@ def test_an_int4_draft_never_changes_the_output():
 
 def test_int4_without_avx512_vnni_is_refused_with_the_fix(monkeypatch):
     monkeypatch.setattr(int8_vnni, "cpu_supported", lambda: False)
-    with pytest.raises(specdec.SpecDecError, match="int4.*needs a CPU with AVX-512 VNNI or AVX2.*use int8"):
+    with pytest.raises(specdec.SpecDecError, match="int4.*need a CPU with AVX-512 VNNI or AVX2.*use int8"):
+        quantized_copy(load_tiny(), "int4")
+    monkeypatch.setenv("SPECDEC_KERNELS", "off")
+    with pytest.raises(specdec.SpecDecError, match="int4.*SPECDEC_KERNELS=off turns off: unset it, or use int8"):
         quantized_copy(load_tiny(), "int4")
 
 

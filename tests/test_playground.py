@@ -26,6 +26,7 @@ PROMPT = "w5 w6 w7"
 N = 24
 WAIT_MS = 60_000
 DRAFT_GREEN, TARGET_BLUE = "rgb(26, 127, 55)", "rgb(5, 80, 174)"  # style.css: --draft, --target
+PREDICTION_PURPLE = "rgb(130, 80, 223)"  # style.css: --prediction
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,25 @@ def test_a_generation_streams_with_its_origins_and_statistics(page, server, refe
     # hiding the rejected drafts hides them, and only them
     page.uncheck("#show-rejected")
     assert page.locator("#output del.rejected").first.is_hidden() and page.locator("#output .draft").first.is_visible()
+
+
+def test_a_prediction_from_the_page_drafts_and_its_tokens_are_coloured(page, server, reference):
+    """The prediction box sends OpenAI's prediction: the text is the target's own, and the tokens accepted from the
+    prediction have their colour, round by round as the stream says."""
+    _settings(page, prompt=PROMPT, prediction=reference, **{"max-tokens": N})
+    page.click("#generate")
+    page.wait_for_function("document.body.dataset.state === 'done'", timeout=WAIT_MS)
+    segments = _segments(page)
+    assert "".join(text for kind, text in segments if kind != "rejected") == reference
+    rounds = [c for c in _stream_chunks(server, prediction={"type": "content", "content": reference})
+              if "draft_text" in c]
+    expected = [("prediction" if kind == "draft" and c["from_prediction"] else kind, c[f"{kind}_text"])
+                for c in rounds for kind in ("draft", "rejected", "target") if c[f"{kind}_text"]]
+    assert segments == expected
+    predicted = "".join(text for kind, text in segments if kind == "prediction")
+    assert len(predicted) > len(reference) / 2  # most of the text came from the prediction
+    style = "([s, p]) => getComputedStyle(document.querySelector(s))[p]"
+    assert page.evaluate(style, ["#output .prediction", "color"]) == PREDICTION_PURPLE
 
 
 def test_a_race_shows_identical_texts_and_both_speeds(page, reference):

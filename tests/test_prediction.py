@@ -3,6 +3,8 @@ one. The output with a prediction is the output without it (greedy, token for to
 distribution), whatever the prediction's quality; the counts add up; alignment re-synchronises after insertions,
 deletions and changed words; bad predictions are clear errors, in the API, the CLI and the server."""
 
+import json
+
 import pytest
 import torch
 
@@ -68,9 +70,13 @@ def test_greedy_output_with_a_prediction_is_the_output_without_it(pair, quality,
     plain = specdec.generate(target, prompt, draft=None, max_new_tokens=40)
     drafter = PredictionDrafter(predictions(plain.token_ids)[quality],
                                 inner=ModelDrafter(model) if draft_kind == "model" else None)
-    out = specdec.generate(target, prompt, draft=drafter, max_new_tokens=40)
+    sources = []
+    out = specdec.generate(target, prompt, draft=drafter, max_new_tokens=40,
+                           on_round=lambda event: sources.append((event.source, event.accepted)))
     assert out.token_ids == plain.token_ids
     report = out.stats.prediction
+    # each round says where its draft came from: the accepted tokens from the prediction are OpenAI's count
+    assert sum(n for source, n in sources if source == "prediction") == report["accepted_prediction_tokens"]
     assert report["accepted_prediction_tokens"] + report["rejected_prediction_tokens"] <= out.stats.drafted
     assert report["accepted_prediction_tokens"] <= out.stats.accepted
     if draft_kind == "none":  # every drafted token came from the prediction: the counts are the stats'
@@ -175,6 +181,14 @@ def test_the_server_takes_openais_prediction_and_reports_its_counts(monkeypatch)
                 details = out["usage"]["completion_tokens_details"]
                 assert details["accepted_prediction_tokens"] > 10, details
             assert "completion_tokens_details" not in http.post("/v1/completions", json=body).json()["usage"]
+            # streamed (the playground): each round says whether its draft came from the prediction
+            events = [json.loads(line[6:]) for line in http.post("/v1/completions", json={
+                **body, "stream": True, "prediction": {"type": "content", "content": predicted}}).text.splitlines()
+                if line.startswith("data: {")]
+            rounds = [e["specdec"] for e in events if "draft_text" in e.get("specdec", {})]
+            from_prediction = sum(r["from_draft"] for r in rounds if r["from_prediction"])
+            assert from_prediction > 10 and all(r["from_draft"] == 0 for r in rounds if not r["from_prediction"])
+            assert "".join(r["draft_text"] + r["target_text"] for r in rounds) == predicted
             for bad in ({"type": "text", "content": "x"}, "x", {"type": "content", "content": 3},
                         {"type": "content", "content": [{"type": "image"}]}):
                 reply = http.post("/v1/completions", json={**body, "prediction": bad})

@@ -265,7 +265,8 @@ class BatchEngine:
                 if row.constraint is not None and not row.stats.stop_reason and (refused or row.constraint.finished):
                     row.stats.stop_reason = "constraint"
                 if row.on_round is not None:
-                    row.on_round(RoundEvent(drafted_ids, n, added, row.from_draft[len(row.from_draft) - len(added):]))
+                    row.on_round(RoundEvent(drafted_ids, n, added, row.from_draft[len(row.from_draft) - len(added):],
+                                            drafts[i].source))
             except Exception as err:  # the row's consumer failed or left (serve: Cancelled): only this row ends
                 row.error = err
             if row.error is not None or row.stats.stop_reason:

@@ -13,6 +13,7 @@ import os
 import pathlib
 import sys
 import time
+import warnings
 from typing import Sequence
 
 from specdec.cli_models import check_models, draft_label, draft_spec, load_models, native_models, target_quantization
@@ -178,10 +179,16 @@ def _presets() -> int:
     return 0
 
 
+def _one_line(message, category, filename, lineno, line=None) -> str:
+    return f"specdec: warning: {message}\n" if issubclass(category, UserWarning) else \
+        f"{filename}:{lineno}: {category.__name__}: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from specdec.errors import SpecDecError
 
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _one_line  # a user of the command reads the warning, not specdec's source line
     try:
         if args.command == "generate":
             return _generate(args)

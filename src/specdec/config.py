@@ -26,7 +26,7 @@ __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR"
 
 # A draft's quantization changes speed and alpha, never the output. On CPU the default draft model runs in int4
 # where specdec's kernel runs (AVX-512 VNNI, or AVX2 with the same bits: half int8's bytes, a 0.5B step 0.6-0.7x
-# int8's; alpha 0.935 against 0.940 on HumanEval, docs/cpu_default.md), elsewhere in int8. The batch engine keeps int8.
+# int8's; alpha 0.935 against 0.940 on HumanEval, docs/cpu_default.md), elsewhere in int8 (through fbgemm where the kernels do not run), else unquantized.
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
 DEFAULT_DRAFT_QUANTIZE_VNNI = "int4"
 # The packaged target on CPU: block-invariant (exact: speculative output = its own plain decoding). Where the CPU

@@ -280,6 +280,7 @@ def _round(run: _Run) -> None:
     if run.constraint is not None and not run.stats.stop_reason and (r.refused or run.constraint.finished):
         run.stats.stop_reason = "constraint"  # the grammar is complete and allows no end-of-sequence token
     if run.on_round is not None:
-        run.on_round(RoundEvent(r.proposal.tokens.tolist(), r.n, added, run.from_draft[len(run.from_draft) - len(added):]))
+        run.on_round(RoundEvent(r.proposal.tokens.tolist(), r.n, added, run.from_draft[len(run.from_draft) - len(added):],
+                                r.proposal.source))
 
 

@@ -35,13 +35,15 @@ class RoundEvent:
     drafted: the draft's gamma proposed tokens (host ids; [] on a plain step);
     accepted: n, how many of them the target accepted (the first rejected one was resampled, the rest dropped);
     tokens / from_draft: what the round added to the text, as :data:`TokenCallback` receives them (cut at EOS
-      or a stop string, so it may be shorter than n + 1).
+      or a stop string, so it may be shorter than n + 1);
+    source: where the drafted tokens came from (:attr:`specdec.drafters.Draft.source`: ``"prediction"``, or None).
     """
 
     drafted: list[int]
     accepted: int
     tokens: list[int]
     from_draft: list[bool]
+    source: str | None = None
 
     @property
     def rejected(self) -> list[int]:

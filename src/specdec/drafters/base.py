@@ -36,11 +36,13 @@ StepWidths = dict["LanguageModel", set[int]]
 class Draft:
     """A proposal. tokens: [k] long (k may be 0); q: [k, V] float32 probabilities, or None (one-hot).
 
-    Both live on the generation's device; a model draft's tokens never visit the host.
+    Both live on the generation's device; a model draft's tokens never visit the host. source: where the tokens
+    came from, where a display tells them apart (``"prediction"``: Predicted Outputs); None otherwise.
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
+    source: str | None = None
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> "Draft":

@@ -123,7 +123,9 @@ class PredictionDrafter(InFront):
             self._round = (at, len(run))
             self.rounds += 1
             self.proposed += len(run)
-            return Draft.from_ids(run, self.context.device)
+            draft = Draft.from_ids(run, self.context.device)
+            draft.source = "prediction"  # (the playground colours what the target accepted of it)
+            return draft
         self._round = None
         if self.inner is None or k <= 0:
             return Draft.empty(self.context.device)

@@ -135,7 +135,7 @@ def convert_in_child(preset: Preset, gguf_path: pathlib.Path, out: pathlib.Path,
                      variant: str = "bf16", base: bool = True) -> None:
     """:func:`convert` in a child process (spawned: a fresh interpreter), so the process that goes on to generate
     never held the conversion's memory (up to 9.5 GB for the 1.5B): the first generation after a conversion ran at
-    half the speed of later ones in the same process (8.0 against 15.7-19.6 tokens/s, AVX-512 EPYC, 2026-12-02).
+    half the speed of later ones in the same process (8.0 against 15.7-19.6 tokens/s, Intel Xeon with AVX-512 VNNI and BF16, no AMX, 2026-12-02).
     Its errors are raised here as they were raised there; its progress bars write to the same terminal."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor

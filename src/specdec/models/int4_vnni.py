@@ -32,8 +32,11 @@ SUB, SUPER = 32, 256
 
 def check_cpu(method: str | None) -> None:
     """Refuse an int4 method (int4, int4-mixed) where the CPU cannot run the kernel, with the fix."""
+    if method and method.startswith("int4") and int8_vnni.turned_off():
+        raise SpecDecError(f"quantize={method!r} runs on specdec's CPU kernels, which SPECDEC_KERNELS=off turns off: "
+                           "unset it, or use int8 (e.g. qwen2.5-coder-0.5b:int8)")
     if method and method.startswith("int4") and not int8_vnni.cpu_supported():
-        raise SpecDecError(f"quantize={method!r} runs on specdec's vnni kernel, which needs a CPU with AVX-512 VNNI or "
+        raise SpecDecError(f"quantize={method!r} runs on specdec's CPU kernels, which need a CPU with AVX-512 VNNI or "
                            "AVX2 (with FMA and F16C); this one has neither: use int8 (e.g. qwen2.5-coder-0.5b:int8)")
 
 

@@ -22,7 +22,7 @@ METHODS = {
     # name: weight observer granularity
     "int8": "per-channel",  # one scale per output row: closer to the float model at the same speed
     "int8-tensor": "per-tensor",
-    # 4-bit weights in llama.cpp's Q4_K form, int8 activations (specdec's vnni extension: AVX-512 VNNI CPUs): about
+    # 4-bit weights in llama.cpp's Q4_K form, int8 activations (specdec's CPU kernels: AVX-512 VNNI or AVX2): about
     # half the bytes of int8, for drafts (specdec.models.int4_vnni)
     "int4": "Q4_K form",
     # a preset's GGUF as close as the kernels carry it: its Q4_K tensors in int4 exactly, the rest (Q5_0, Q6_K,

@@ -69,7 +69,8 @@ def _callbacks(served: Served, request: GenerationRequest, job: Job):
         rejected_text = _rejected_text(decode, context + event.tokens[:k], event.rejected)
         context[:] = (context + event.tokens)[-8:]
         job.emit("tokens", {"tokens": len(event.tokens), "from_draft": k, "drafted": len(event.drafted),
-                            "draft_text": draft_text, "target_text": target_text, "rejected_text": rejected_text})
+                            "draft_text": draft_text, "target_text": target_text, "rejected_text": rejected_text,
+                            "from_prediction": event.source == "prediction"})
 
     def finish(out: Any) -> tuple[Any, str, float]:
         return out, stream.finish(out.text) if stream is not None else "", job.started - job.arrived

@@ -1,7 +1,8 @@
 // The specdec playground: streams a generation from this server's OpenAI endpoint and shows, per target
 // call, the draft tokens the target accepted, the ones it rejected and the token it produced itself
 // (the stream's "specdec" extension fields: draft_text, rejected_text, target_text, tokens, from_draft,
-// drafted; the last chunk carries the generation's statistics and Theorem 8's figure).
+// drafted, from_prediction: the draft came from the request's prediction; the last chunk carries the generation's
+// statistics and Theorem 8's figure).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -86,6 +87,8 @@ function requestBody(draft) {
     }
     body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: parsed } };
   }
+  const prediction = $("prediction").value;
+  if (prediction) body.prediction = { type: "content", content: prediction };  // OpenAI's Predicted Outputs
   const prompt = $("prompt").value;
   if ($("chat").checked) body.messages = [{ role: "user", content: prompt }];
   else body.prompt = prompt;
@@ -127,7 +130,7 @@ async function stream(draft, output, onRound) {
       const extra = chunk.specdec;
       if (!extra) continue;  // the chat stream's first chunk (the role), or the usage chunk
       if ("draft_text" in extra) {  // one target call
-        append(output, extra.draft_text, "draft");
+        append(output, extra.draft_text, extra.from_prediction ? "prediction" : "draft");
         append(output, extra.rejected_text, "rejected");
         append(output, extra.target_text, "target");
         text += extra.draft_text + extra.target_text;
