@@ -13,11 +13,17 @@ def prefix_cache(target: Any, budget_bytes: int) -> PrefixCache | None:
     """A prefix cache of ``budget_bytes`` for a batch over ``target``, or None: no budget, or a target whose reused
     prefix could differ from a fresh prefill (a float model's passes round by their shape; a sliding window's
     one-pass prefill rounds otherwise than a prefill and steps)."""
-    from specdec.models.static_cache import sliding_windows
-
-    if budget_bytes <= 0 or not target.block_invariant or any(sliding_windows(target.hf_model.config)):
+    if budget_bytes <= 0 or not reuse_keeps_bits(target):
         return None
     return PrefixCache(budget_bytes)
+
+
+def reuse_keeps_bits(target: Any) -> bool:
+    """Whether a prompt fed in parts after kept positions (a reused prefix, prefill chunks) gives a one-pass prefill's
+    bits: a block-invariant target without sliding windows."""
+    from specdec.models.static_cache import sliding_windows
+
+    return bool(target.block_invariant) and not any(sliding_windows(target.hf_model.config))
 
 
 def reuse_prefix(engine: Any, slot: int, row: BatchRow) -> tuple[int, int]:

@@ -29,6 +29,10 @@ class BatchRow(RunState):
     # of its own (RunState.session; None in the batch)
     parked: Any = None  # the schedule it drafts by in the other mode (the batch's, or its own alone)
     prediction: Any = None  # Predicted Outputs: its PredictionDrafter (specdec.batch_prediction), or None
+    # its prompt going in chunk by chunk (specdec.batch_fill): the positions the target and its model draft hold
+    filled: int = 0
+    draft_filled: int = 0
+    fill_draft: bool = False  # whether its model draft is fed the prompt as it goes in
 
     @property
     def alone(self) -> bool:

@@ -47,11 +47,12 @@ from specdec.acceptance import Verification, read_batch, verify
 from specdec.batch_alone import release, rounds_alone
 from specdec.batch_gate import DraftGate, gate_round
 from specdec.batch_drafting import alone_draft, batch_drafting, propose_model
-from specdec.batch_prefix import keep_prefix, prefix_cache, reuse_prefix
+from specdec.batch_prefix import keep_prefix, prefix_cache
 from specdec.batch_prediction import propose_predictions
+from specdec.batch_fill import DEFAULT_CHUNK, chunk_size, drop_fill, fill, filled, follow_leave, start_fill
 from specdec.batch_row import MODEL, PAD, BatchRow, make_row, row_context
 from specdec.config import DEFAULT, GenerationConfig, preset_draft
-from specdec.devices import RoundClock, Stopwatch
+from specdec.devices import RoundClock
 from specdec.drafters.base import Draft
 from specdec.drafters.plan import plan_draft
 from specdec.errors import SpecDecError
@@ -74,7 +75,7 @@ class BatchEngine:
 
     def __init__(self, target: Any, draft_model: Any = None, max_batch: int = 8, max_positions: int | None = None,
                  gamma: int = 4, max_gamma: int = 12, alone_draft: Any = None, alone: bool = True,
-                 prefix_cache_bytes: int = 0, draft_gate: bool = False):
+                 prefix_cache_bytes: int = 0, draft_gate: bool = False, prefill_chunk: int = DEFAULT_CHUNK):
         target = load(target)
         if target.is_encoder_decoder:
             raise SpecDecError("batched generation supports decoder-only targets; run an encoder-decoder target one "
@@ -105,6 +106,10 @@ class BatchEngine:
         self.prefix_cache = prefix_cache(target, prefix_cache_bytes)
         self.alone_plan = (plan_draft(alone_draft if alone_draft is not None else draft_model).load(target)
                            if draft_model is not None else None)
+        # a joining prompt goes in prefill_chunk tokens a round while rows run (specdec.batch_fill; 0: in one pass)
+        self.prefill_chunk = chunk_size(target, prefill_chunk)
+        self.filling: BatchRow | None = None  # the row whose prompt is going in, in slot len(rows)
+        self.fills: list[int] | None = None  # (tests: a list to record the prompt tokens fed per chunk)
         self.rows: list[BatchRow] = []  # row i lives in slot i of every session
         self.waiting: collections.deque[BatchRow] = collections.deque()
         self.clock = RoundClock(target.device)
@@ -114,7 +119,7 @@ class BatchEngine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.rows or self.waiting)
+        return bool(self.rows or self.waiting or self.filling)
 
     # -- rows joining and leaving -------------------------------------------------------------------
     def add(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *, draft: Any = MODEL,
@@ -135,19 +140,26 @@ class BatchEngine:
         for row in dropped:
             self.waiting.remove(row)
             row.error = row.error or RuntimeError(row.cancelled)
-        while self.waiting and len(self.rows) < self.max_batch:
-            row = self.waiting.popleft()
-            slot = len(self.rows)
-            row.t_start = Stopwatch(self.target.device)()
-            # the whole prompt (less a prefix kept from an earlier request): its last position's logits give the
-            # first token (or verify the first draft)
-            reused, reused_draft = reuse_prefix(self, slot, row)
-            row.carried = self.target_session.prefill(slot, row.sequence, reused)  # [1, V]
-            if row.draft == MODEL and self.gate is not None and self.gate.settled(len(self.rows) + 1) is False:
-                self.draft_session.lengths[slot] = reused_draft  # plain rounds here: it catches up if it drafts
-            elif row.draft == MODEL:
-                self.draft_session.prefill(slot, row.sequence[:-1], reused_draft)
-            elif row.draft is not None:
+        # with no row running the prompts go in at once; else at most one chunk of prompt tokens this round
+        budget = None if not self.rows or not self.prefill_chunk else self.prefill_chunk
+        while True:
+            if self.filling is None:
+                if not self.waiting or len(self.rows) >= self.max_batch:
+                    break
+                start_fill(self, self.waiting.popleft())
+            if self.filling.cancelled:
+                row = drop_fill(self)
+                row.error = row.error or RuntimeError(row.cancelled)
+                dropped.append(row)
+                continue
+            if budget is not None and budget <= 0:
+                break
+            fed = fill(self, budget)
+            budget = None if budget is None else budget - fed
+            if not filled(self):
+                break
+            row, self.filling = self.filling, None
+            if row.draft is not None and row.draft != MODEL:
                 row.draft.start(row_context(row))
             if row.prediction is not None:
                 row.prediction.start(row_context(row))
@@ -164,6 +176,7 @@ class BatchEngine:
         row = self.rows[slot]
         self.rows[slot] = self.rows[last]
         self.rows.pop()
+        follow_leave(self)  # (a row filling its prompt in the next free slot moves down with it)
         release(row)
         if row.draft is not None and row.draft != MODEL:
             row.draft.close()

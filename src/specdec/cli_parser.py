@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "that begin the same way (a conversation's next turn, a shared system prompt, a file sent "
                             "again), least recently used out first; the exact quantized targets only (bit for bit a "
                             f"fresh prefill); 0: none (default {SERVED_PREFIX_CACHE_MB:g})")
+    serve.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                       help="with --max-batch > 1: a prompt joining running requests goes in N tokens a round, so a "
+                            "long one stalls them by one chunk, not its whole prefill (the exact quantized targets "
+                            "only: the same bits as one pass); 0: in one pass (default 128)")
     serve.add_argument("--timeout", type=float, default=600.0,
                        help="seconds a request may take, queue included; a request may ask for less (default 600)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -20,6 +20,8 @@ def serve_command(args: argparse.Namespace) -> int:
         raise SpecDecError("--max-queue must be >= 0 and --timeout > 0")
     if args.max_positions < 1:
         raise SpecDecError(f"--max-positions must be >= 1, got {args.max_positions}")
+    if args.prefill_chunk is not None and args.prefill_chunk < 0:
+        raise SpecDecError(f"--prefill-chunk is a number of tokens, >= 0 (0: a prompt in one pass), got {args.prefill_chunk}")
     if args.prefix_cache < 0:
         raise SpecDecError(f"--prefix-cache is a size in MB, >= 0 (0: no prefix cache), got {args.prefix_cache:g}")
     if args.max_batch is None:
@@ -52,7 +54,7 @@ def load_served(args: argparse.Namespace) -> Any:
     engine = None
     if (args.max_batch or 1) > 1:
         engine = batch_engine(target, draft, args.max_batch, args.max_positions, args.gamma, args.gamma_schedule,
-                              args.max_gamma, int(args.prefix_cache * 2**20))
+                              args.max_gamma, int(args.prefix_cache * 2**20), args.prefill_chunk)
     else:
         prepare_served_steps(target, draft, args.max_positions)
     return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
@@ -62,7 +64,8 @@ def load_served(args: argparse.Namespace) -> Any:
 
 
 def batch_engine(target: Any, draft: Any, max_batch: int, max_positions: int, gamma: int | None,
-                 gamma_schedule: str | None, max_gamma: int | None, prefix_cache_bytes: int = 0) -> Any:
+                 gamma_schedule: str | None, max_gamma: int | None, prefix_cache_bytes: int = 0,
+                 prefill_chunk: int | None = None) -> Any:
     """The BatchEngine of ``specdec serve --max-batch N``: the served draft's model drafts for every row that
     uses it (a parameter-free served draft is each row's own); a lone row drafts with the whole served draft
     (a hierarchy: the model under prompt lookup) through the one-sequence engine (:mod:`specdec.batch_alone`)."""
@@ -72,7 +75,8 @@ def batch_engine(target: Any, draft: Any, max_batch: int, max_positions: int, ga
     model, _ = batch_drafting(target, draft)  # the one decision of what a batch's rows draft with
     config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
     return BatchEngine(target, model, max_batch, max_positions, gamma=config.gamma, max_gamma=config.gamma_bound,
-                       alone_draft=alone_draft(draft, model), prefix_cache_bytes=prefix_cache_bytes)
+                       alone_draft=alone_draft(draft, model), prefix_cache_bytes=prefix_cache_bytes,
+                       **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
 
 
 def prepare_served_steps(target: Any, draft: Any, max_positions: int | None = None) -> None:
