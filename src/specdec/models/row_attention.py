@@ -133,12 +133,17 @@ def _batch(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     """Each sequence of a ragged batch as the one-sequence engine computes it; padded rows get zeros.
     query [B, H, w, D]; key/value [B, H_kv, L, D] at positions 0 .. L - 1; [B, w, H, D]."""
     batch, heads, width, _ = query.shape
-    out = query.new_zeros(batch, width, heads, value.shape[-1])
     kernel = _kernel(module, query)
+    if kernel is not None:  # every row of every sequence in one kernel call, each over its own keys (its own bits)
+        out = _rows(kernel, query, key, value, *_batch_spans(spans, width, window), None, kwargs.get("scaling"))
+    else:
+        out = query.new_zeros(batch, width, heads, value.shape[-1])
     for b, (start, n) in enumerate(spans):
         if start == 0 and n > 1:  # its prefill
             out[b, :n] = _prefill(module, query[b:b + 1, :, :n], key[b:b + 1, :, :n], value[b:b + 1, :, :n], window,
                                   kwargs)[0]
+            continue
+        if kernel is not None:
             continue
         for i in range(n):
             end = start + i + 1
@@ -205,6 +210,18 @@ def _spans(batch: int, q: int, length: int, window: int | None) -> tuple[torch.T
         starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
         _last_spans.key, _last_spans.value = key, (starts, ends)
     return _last_spans.value
+
+
+def _batch_spans(spans: Sequence[tuple[int, int]], width: int, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key spans [start, end) [B, w] of a ragged pass's rows: row i of a sequence fed (start, n) ends at
+    start + i + 1 (from its window's first key); padding and prefill rows an empty span (the kernel writes zeros;
+    a prefill's rows are computed apart)."""
+    ends = torch.zeros(len(spans), width, dtype=torch.long)
+    for b, (start, n) in enumerate(spans):
+        if n and not (start == 0 and n > 1):
+            ends[b, :n] = torch.arange(start + 1, start + n + 1)
+    starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
+    return starts, ends
 
 
 def skip_plain_causal_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
