@@ -83,12 +83,14 @@ def test_one_run_state_for_a_generation_and_a_batch_row():
         assert issubclass(cls, RunState)
         own = {f.name for f in dataclasses.fields(cls)} - shared
         assert not own & shared
-    # only what the batch needs is a row's own (its draft, its outcome, the schedule it parks while alone): the
+    # only what the batch needs is a row's own (its draft, its outcome, the schedule it parks while alone, its
+    # prediction, its prompt going in chunk by chunk): the
     # session, clock and round launched ahead are the one-sequence engine's, which a lone batch row runs too
     assert {f.name for f in dataclasses.fields(_Run)} - shared == set()
     assert {"session", "clock", "ahead"} <= shared
     assert {f.name for f in dataclasses.fields(BatchRow)} - shared == {"draft", "proposed", "output", "error",
-                                                                        "cancelled", "finish", "parked", "prediction"}
+                                                                        "cancelled", "finish", "parked", "prediction",
+                                                                        "filled", "draft_filled", "fill_draft"}
 
 
 def test_a_batch_row_and_a_generation_estimate_alpha_alike():
