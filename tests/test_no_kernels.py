@@ -81,11 +81,11 @@ def test_without_the_kernels_an_int8_target_and_draft_give_plain_greedy_s_tokens
 def test_where_torch_has_no_fbgemm_the_default_is_the_float_pair(monkeypatch):
     """ARM builds of torch (Graviton, Apple silicon): no specdec kernel, no fbgemm: the float target and draft."""
     from specdec import config
-    from specdec.models import int8_vnni
+    from specdec.models import int8_kernels, int8_vnni
 
     monkeypatch.setattr(int8_vnni, "usable_isa", lambda: None)
-    monkeypatch.setattr(config, "_has_fbgemm", lambda: False)
+    monkeypatch.setattr(int8_kernels, "has_fbgemm", lambda: False)
     assert config.default_target_quantize("qwen2.5-coder-1.5b", "cpu") is None
     assert config.default_draft("cpu") == "qwen2.5-coder-0.5b<-prompt-lookup"
-    monkeypatch.setattr(config, "_has_fbgemm", lambda: True)
+    monkeypatch.setattr(int8_kernels, "has_fbgemm", lambda: True)
     assert config.default_target_quantize("qwen2.5-coder-1.5b", "cpu") == "int8"

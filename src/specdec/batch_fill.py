@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.batch_prefix import reuse_prefix
+from specdec.batch_prefix import reuse_keeps_bits, reuse_prefix
 from specdec.batch_row import MODEL, BatchRow
 
 #: Tokens of a joining prompt fed a round while other rows run (``specdec serve --prefill-chunk``): on 2 cores the
@@ -22,8 +22,6 @@ DEFAULT_CHUNK = 128
 
 def chunk_size(target: Any, asked: int) -> int:
     """The chunk the engine uses: ``asked`` where chunks keep the bits of a one-pass prefill, else 0 (whole)."""
-    from specdec.batch_prefix import reuse_keeps_bits
-
     return asked if asked > 0 and reuse_keeps_bits(target) else 0
 
 

@@ -59,23 +59,17 @@ def default_draft(device: Any = None) -> str:
     --max-batch N``) drafts its rows with the top model (``qwen2.5-coder-0.5b:int4@65536``: 1.09-1.29x the int8
     0.5B's speed at 1 and 2 rows, 0.96-1.06x at 8: docs/serving.md), and a lone row with all of it."""
     from specdec.devices import resolve_device
-    from specdec.models import int8_vnni
+    from specdec.models import int8_kernels, int8_vnni
 
     if resolve_device(device).type != "cpu":
         return DEFAULT_DRAFT
     vnni = int8_vnni.usable_isa() is not None
-    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU if _has_fbgemm() else None
+    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU if int8_kernels.has_fbgemm() else None
     vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if vnni else DEFAULT_DRAFT_VOCABULARY_CPU
     head = f"@{vocabulary}" if vocabulary else ""
     model = f"{DEFAULT_DRAFT}:{quantize}{head}" if quantize else DEFAULT_DRAFT
     return f"{model}<-{DEFAULT_DRAFT_INNER_CPU}"
 
-
-def _has_fbgemm() -> bool:
-    """Whether this torch build has fbgemm's int8 kernels (x86 builds; not ARM's)."""
-    import torch
-
-    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 DEFAULT = "default"  # draft= left to the default (specdec.generate, generate_batch): :func:`preset_draft`
@@ -101,7 +95,7 @@ def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) 
     int8 through fbgemm where torch has it, else the float model: None), unless a dtype is asked; any other target,
     or another device, as it is."""
     from specdec.devices import resolve_device
-    from specdec.models import int8_vnni
+    from specdec.models import int8_kernels, int8_vnni
 
     if target != DEFAULT_TARGET or dtype is not None or resolve_device(device).type != "cpu":
         return None
@@ -109,7 +103,7 @@ def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) 
     isa = int8_vnni.usable_isa()  # what really runs: where the kernels do not build, what runs without them
     if isa is not None:
         return by_isa[isa]
-    return DEFAULT_TARGET_QUANTIZE_CPU if _has_fbgemm() else None
+    return DEFAULT_TARGET_QUANTIZE_CPU if int8_kernels.has_fbgemm() else None
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,14 @@ def available() -> list[str]:
     out = ["vnni"] if int8_vnni.cpu_supported() else []
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise"):
         out.append("onednn")
-    if "fbgemm" in torch.backends.quantized.supported_engines:
+    if has_fbgemm():
         out.append("fbgemm")
     return out
+
+
+def has_fbgemm() -> bool:
+    """Whether this torch build has fbgemm's int8 kernels (x86 builds; not ARM's)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 def default_kernel() -> str:

@@ -83,7 +83,7 @@ def cpu_supported() -> bool:
 
 #: The flags the extension is built with (in its build key: :func:`specdec.models.kernel_build.build_key`).
 CFLAGS, LDFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp"), ("-fopenmp",)
-#: ``SPECDEC_KERNELS=off``: act as on a CPU where no specdec kernel runs (what runs there: README, "Other CPUs").
+#: ``SPECDEC_KERNELS=off``: act as on a CPU where no specdec kernel runs (what runs there: the README's "CPUs").
 ENV_OFF = "SPECDEC_KERNELS"
 #: What to install where the build fails.
 FIX = "install a C++ compiler (g++ 9 or newer: apt install g++) and ninja (pip install ninja), then run again"

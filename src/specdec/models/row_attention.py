@@ -215,13 +215,16 @@ def _spans(batch: int, q: int, length: int, window: int | None) -> tuple[torch.T
 def _batch_spans(spans: Sequence[tuple[int, int]], width: int, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The key spans [start, end) [B, w] of a ragged pass's rows: row i of a sequence fed (start, n) ends at
     start + i + 1 (from its window's first key); padding and prefill rows an empty span (the kernel writes zeros;
-    a prefill's rows are computed apart)."""
-    ends = torch.zeros(len(spans), width, dtype=torch.long)
-    for b, (start, n) in enumerate(spans):
-        if n and not (start == 0 and n > 1):
-            ends[b, :n] = torch.arange(start + 1, start + n + 1)
-    starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
-    return starts, ends
+    a prefill's rows are computed apart). Made once per pass, as :func:`_spans`."""
+    key = ("batch", tuple(spans), width, window)
+    if _last_spans.key != key:
+        ends = torch.zeros(len(spans), width, dtype=torch.long)
+        for b, (start, n) in enumerate(spans):
+            if n and not (start == 0 and n > 1):
+                ends[b, :n] = torch.arange(start + 1, start + n + 1)
+        starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
+        _last_spans.key, _last_spans.value = key, (starts, ends)
+    return _last_spans.value
 
 
 def skip_plain_causal_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
