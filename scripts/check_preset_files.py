@@ -19,7 +19,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests")
 def main(old_cache: str, new_cache: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from specdec.models.quantize import load_quantized, quantize_hf
+    from specdec.models.quantized.quantize import quantize_hf
+
+    from specdec.models.formats.stored import load_quantized
     from test_load_path import _assert_same_tensors
 
     for name in ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]:

@@ -67,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     import specdec  # noqa: F401  (the parent only: it resolves the GGUF and the CPU's llama.cpp settings)
     from specdec.models import llama_cpp
-    from specdec.models.presets import preset_gguf
+    from specdec.models.formats.presets import preset_gguf
 
     extra = llama_cpp.configuration()["extra_buffer_types"]  # as specdec's loader and the bench decide
     specdec_cmd = [os.path.join(os.path.dirname(sys.executable), "specdec"), "generate", args.prompt,

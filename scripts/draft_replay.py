@@ -80,7 +80,7 @@ def main() -> None:
     else:
         from transformers import AutoTokenizer
 
-        from specdec.models.presets import resolve_preset
+        from specdec.models.formats.presets import resolve_preset
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_preset("qwen2.5-coder-1.5b", progress=False))
         rows = json.loads(Path(args.records).read_text())["runs"][args.run]["rows"][: args.n]

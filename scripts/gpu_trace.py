@@ -22,7 +22,7 @@ import torch
 
 import specdec
 from specdec.decoding import prepare_steps
-from specdec.models.catalog import PRESETS
+from specdec.models.formats.catalog import PRESETS
 from specdec.tasks import load_task
 
 

@@ -33,11 +33,11 @@ CONFIGS = {
     # the tokens: the int8 target is block-invariant)
     "bf16": (None, "draft"),
     "int8": ("int8", "int8_draft"),
-    # the int4-mixed target: the GGUF's Q4_K tensors in int4 exactly, the rest in int8 (specdec.models.int4_vnni)
+    # the int4-mixed target: the GGUF's Q4_K tensors in int4 exactly, the rest in int8 (specdec.models.quantized.int4)
     "int4-mixed": ("int4-mixed", "int8_draft"),
     # every layer in int4 (the Q6_K tensors and the head too, as the drafts are): fewer bytes a step on AVX2-only CPUs
     "int4": ("int4", "int8_draft"),
-    # int8 after SmoothQuant-style smoothing (specdec.models.smoothing; --smooth-alpha): issue 39 point 3's calibration
+    # int8 after SmoothQuant-style smoothing (specdec.models.quantized.smoothing; --smooth-alpha): issue 39 point 3's calibration
     "int8-smooth": ("int8-smooth", "int8_draft"),
     # llama.cpp's plain greedy decoding of the same preset's packaged GGUF (Q4_K_M): what CPU users already run
     "q4km": ("llama-cpp", None),
@@ -80,7 +80,7 @@ def run(config: str, args: argparse.Namespace, problems) -> dict:
     if quantize == "llama-cpp":
         return scored(run_llama_cpp(args, problems))
     if quantize == "int8-smooth":
-        from specdec.models.smoothing import smoothed_int8
+        from specdec.models.quantized.smoothing import smoothed_int8
 
         target = smoothed_int8(args.target, args.smooth_alpha)
     else:

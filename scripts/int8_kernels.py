@@ -5,14 +5,14 @@
     ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python scripts/int8_kernels.py   # oneDNN as on a CPU without AMX
     python scripts/int8_kernels.py --int4 --avx2-too      # also the int4 GEMM; both beside their AVX2 code
 
-Each kernel runs as Int8Linear runs it (specdec.models.int8_kernels): specdec's ``vnni`` extension (rows
+Each kernel runs as Int8Linear runs it (specdec.models.kernels.int8_matmul): specdec's ``specdec`` extension (rows
 quantized inside it), fbgemm's ``linear_dynamic`` on rows with the pinned columns, oneDNN's
 ``qlinear_pointwise`` on rows quantized by specdec, each including the row scaling. The weights of ``--layers`` distinct layers of one shape are cycled, so each call streams its
 weight from memory as a decoding pass does (one layer's weight stays in cache and flatters every kernel).
 bf16 ``F.linear`` (oneDNN, AMX where present) on the same shapes is the float reference. The kernels
 alternate call by call; the median of ``--reps`` rounds is printed. ``--int4`` adds the extension's int4 GEMM
-(:class:`specdec.models.int4_vnni.Int4Linear`, a weight quantized into the Q4_K form); ``--avx2-too``, on a CPU with
-AVX-512 VNNI, also times the ``vnni`` and ``int4`` rows on the extension's AVX2 code (``.../avx2``: the same bits,
+(:class:`specdec.models.quantized.int4.Int4Linear`, a weight quantized into the Q4_K form); ``--avx2-too``, on a CPU with
+AVX-512 VNNI, also times the ``specdec`` and ``int4`` rows on the extension's AVX2 code (``.../avx2``: the same bits,
 the code an AVX2-only CPU runs; the process's choice is restored after each call).
 """
 
@@ -29,8 +29,10 @@ import warnings
 import specdec  # noqa: F401  (OpenMP's wait policy before torch loads it)
 import torch
 
-from specdec.models import int8_kernels, int8_vnni
-from specdec.models.quantize import Int8Linear
+from specdec.models.kernels import int8_matmul
+
+from specdec.models.kernels import extension
+from specdec.models.quantized.quantize import Int8Linear
 from specdec.sweeps.machine import cpu_kind
 
 # (in, out) of the Qwen2.5-Coder 1.5B's int8 layers as Int8Linear runs them (q/k/v and gate/up fused)
@@ -41,10 +43,10 @@ def layers(kernel: str, shape: tuple[int, int], count: int) -> list[Int8Linear]:
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape[1], shape[0], generator=g) * 0.02 for _ in range(count)]
     if kernel == "int4":
-        from specdec.models.int4_vnni import Int4Linear, Int4Weight
+        from specdec.models.quantized.int4 import Int4Linear, Int4Weight
 
         return [Int4Linear(Int4Weight.quantize(w)) for w in weights]
-    int8_kernels._chosen = kernel  # (measurement only: a process normally keeps one kernel)
+    int8_matmul._chosen = kernel  # (measurement only: a process normally keeps one kernel)
     return [Int8Linear.from_float(w) for w in weights]
 
 
@@ -52,7 +54,7 @@ def on_avx2(f):
     """``f`` run on the extension's AVX2 code (the process's choice restored after)."""
 
     def run():
-        with int8_vnni.avx2_code():
+        with extension.avx2_code():
             return f()
 
     return run
@@ -75,7 +77,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     rows = [int(r) for r in args.rows.split(",")]
-    kernels = int8_kernels.available()
+    kernels = int8_matmul.available()
     if args.kernels:
         unknown = sorted(set(args.kernels.split(",")) - set(kernels))
         if unknown:
@@ -85,9 +87,9 @@ def main() -> int:
         kernels.remove("onednn")
         print("(onednn left out: no AMX here, where oneDNN's int8 matmul may be its reference code, 100-1,000x "
               "slower; --kernels onednn,... times it)")
-    if args.int4 and "vnni" in kernels:
-        kernels.insert(kernels.index("vnni") + 1, "int4")
-    avx2 = [k for k in kernels if k in ("vnni", "int4")] if args.avx2_too and int8_vnni.kernel_isa() == "avx512" else []
+    if args.int4 and "specdec" in kernels:
+        kernels.insert(kernels.index("specdec") + 1, "int4")
+    avx2 = [k for k in kernels if k in ("specdec", "int4")] if args.avx2_too and extension.kernel_isa() == "avx512" else []
     if args.avx2_too and not avx2:
         print("--avx2-too: needs a CPU with AVX-512 VNNI (elsewhere the extension runs its AVX2 code already)")
     result = {"cpu_kind": cpu_kind(), "threads": args.threads, "kernels": kernels + [f"{k}/avx2" for k in avx2],

@@ -27,8 +27,8 @@ def source_tokens(target, n: int) -> list[int]:
 
 
 def run(target, draft, chunk: int, long_ids: list[int], rows: int, max_tokens: int) -> dict:
-    from specdec.batching import MODEL
-    from specdec.cli_serve import batch_engine
+    from specdec.batch.engine import MODEL
+    from specdec.cli.serve import batch_engine
     from specdec.config import GenerationConfig
 
     # serve's engine (its draft: the model for batched rows, the whole hierarchy for a lone one), no prefix cache

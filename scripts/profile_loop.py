@@ -87,7 +87,7 @@ def instrument(target: Any, draft: Any) -> None:
             patch(module, name, "sampling and acceptance")
     from transformers import DynamicCache
     DynamicCache.crop = timed("cache rollback", DynamicCache.crop)
-    from specdec.models import graphs
+    from specdec.models.sessions import graphs
     graphs.CapturedStep.__call__ = timed("captured steps", graphs.CapturedStep.__call__)
 
 

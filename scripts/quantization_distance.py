@@ -29,7 +29,7 @@ import torch
 import specdec
 from specdec.analysis import logit_distance
 from specdec.tasks import humaneval_path
-from specdec.models.quantize import METHODS
+from specdec.models.quantized.quantize import METHODS
 
 
 def closeness(p_model, q_model, texts: list[tuple[str, str]]) -> dict:

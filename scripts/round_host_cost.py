@@ -25,7 +25,7 @@ from tiny import captured, load_tiny, perturbed  # noqa: E402
 import specdec  # noqa: E402
 from specdec import round_graph  # noqa: E402
 from specdec.decoding import prepare_steps  # noqa: E402
-from specdec.models import graphs  # noqa: E402
+from specdec.models.sessions import graphs
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
 

@@ -33,7 +33,7 @@ import torch
 
 import specdec
 from specdec.drafters.spec import parse_spec
-from specdec.models.batch_session import BatchSession
+from specdec.models.sessions.batch_session import BatchSession
 from specdec.sweeps.machine import where_measured
 from specdec.tasks import load_humaneval
 

@@ -7,7 +7,7 @@ The second runs `specdec bench --task translation --n-prompts 40 --max-new-token
 quality rule's chrF) on the int8 target smoothed with that alpha.
 
 Calibration (the activation maxima): shipped text and code that no benchmark evaluates
-(:func:`specdec.models.smoothing.calibration_texts`: German sentences of the translation corpus, its first half; six
+(:func:`calibration_texts` below: German sentences of the translation corpus, its first half; six
 man pages of the summarization task; Python standard-library modules). Scored: held-out text of the same kinds (the
 corpus's other half, other modules). For each alpha (0 = no smoothing: the int8 target as it is) a fresh float32
 model is smoothed, quantized to int8 and scored against the float32 model's logits: mean KL(p_float || p_int8) a
@@ -17,6 +17,7 @@ token and how often the argmax agrees.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import time
 
@@ -24,7 +25,50 @@ import torch
 
 import specdec
 from specdec.analysis import logit_distance
-from specdec.models.smoothing import activation_maxima, calibration_texts, smoothed_int8, token_batches
+from specdec.models.quantized.quantize import quantize_model
+from specdec.models.quantized.smoothing import activation_maxima, smooth
+
+
+# shipped text and code that no benchmark evaluates (the translation task evaluates English sources, HumanEval Python)
+CALIBRATION_MODULES = ("heapq", "bisect", "textwrap", "statistics", "fractions", "difflib")
+
+
+def calibration_texts(which: str = "calibration") -> list[str]:
+    """Calibration text: the first half of the translation corpus's German sentences, six of the summarization
+    task's man pages and Python standard-library modules (:data:`CALIBRATION_MODULES`). ``which="held_out"``: the
+    corpus's other half and other modules, for scoring (``scripts/smoothing_check.py``)."""
+    from specdec.tasks.catalog import SUMMARIZATION_FILE, TRANSLATION_CORPUS_FILE, jsonl_records
+
+    german = TRANSLATION_CORPUS_FILE.read_text(encoding="utf-8").splitlines()
+    half = len(german) // 2
+    if which == "held_out":
+        modules = ("random", "shlex", "colorsys", "graphlib", "calendar")
+        return ["\n".join(german[half:])] + [inspect.getsource(__import__(m)) for m in modules]
+    man = [r.get("text") or json.dumps(r) for r in jsonl_records(SUMMARIZATION_FILE)[:6]]
+    return ["\n".join(german[:half])] + man + [inspect.getsource(__import__(m)) for m in CALIBRATION_MODULES]
+
+
+def token_batches(tokenizer, texts: list[str], length: int = 256, per_text: int = 2) -> list[torch.Tensor]:
+    """Up to ``per_text`` sequences ``[1, length]`` of token ids from the start of each text."""
+    out = []
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        starts = range(0, min(len(ids), per_text * length) - length + 1, length)
+        out += [torch.tensor([ids[i:i + length]]) for i in starts]
+    return out
+
+
+def smoothed_int8(name: str, alpha: float = 0.5, maxima: dict[str, torch.Tensor] | None = None):
+    """The preset (or model) ``name`` in float32, smoothed with ``alpha`` (the activation maxima of
+    :func:`calibration_texts`, or ``maxima``), then quantized to the block-invariant int8 target."""
+    model = specdec.load(name, dtype="fp32")
+    if maxima is None:
+        maxima = activation_maxima(model.hf_model, token_batches(model.tokenizer, calibration_texts()))
+    if alpha > 0:
+        smooth(model.hf_model, maxima, alpha)
+    quantize_model(model, "int8")
+    model.name = model.name.replace("+int8", f"+int8-smooth{alpha:g}")
+    return model
 
 
 @torch.no_grad()
@@ -34,7 +78,7 @@ def logits(model, batches: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def translation(target: str, alpha: float, out: str | None) -> int:
     from specdec.bench.runner import run
-    from specdec.cli_parser import build_parser
+    from specdec.cli.parser import build_parser
     from specdec.publish.tables import publish
 
     bench = build_parser().parse_args(["bench", "--target", target, "--task", "translation", "--n-prompts", "40",

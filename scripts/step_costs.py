@@ -7,7 +7,7 @@
 
 ``int8-per-pass`` is the int8 model with torch's own per-pass activation scale (not block-invariant) and
 stock SDPA attention: what the block-invariant int8 form costs over it. ``--both-paths`` times the int8 / int4
-models (vnni kernel) also with transformers' forward instead of the decoder step (specdec.models.decoder_step;
+models (specdec's kernel) also with transformers' forward instead of the decoder step (specdec.models.native.decoder_step;
 the same bits), the two alternated in one process. The last column says whether the
 logits of the widest pass equal that many one-token steps bit for bit (the int8 target's exactness).
 
@@ -27,7 +27,7 @@ import sys
 import specdec  # first: it picks OpenMP's wait policy before torch loads the runtime (specdec/__init__.py)
 import torch  # noqa: E402
 from specdec.bench.timing import forward_time
-from specdec.models import decoder_step
+from specdec.models.native import decoder_step
 
 FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quantize": "int8"},
            "int8-per-pass": {"quantize": "int8"}, "int4": {"quantize": "int4"}, "int4-mixed": {"quantize": "int4-mixed"}}
@@ -35,7 +35,7 @@ FORMATS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}, "int8": {"quant
 
 def per_pass(model: specdec.LanguageModel) -> specdec.LanguageModel:
     """The int8 ``model`` with torch's per-pass activation scale and transformers' SDPA attention."""
-    from specdec.models.quantize import Int8Linear
+    from specdec.models.quantized.quantize import Int8Linear
 
     for layer in model.hf_model.modules():
         if isinstance(layer, Int8Linear):

@@ -83,7 +83,7 @@ class EmulatedPool:
 def emulated_graphs(monkeypatch):
     """CapturedStep's two CUDA calls replaced by ReplayByRunningAgain; every captured call recorded as
     (tokens asked, width of the graph that ran them)."""
-    from specdec.models import graphs
+    from specdec.models.sessions import graphs
 
     monkeypatch.setattr(graphs, "side_stream", contextlib.nullcontext)
     monkeypatch.setattr(graphs, "capture", ReplayByRunningAgain.capture)

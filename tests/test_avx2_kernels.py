@@ -1,4 +1,4 @@
-"""The AVX2 code of specdec's kernels (csrc/avx2_kernels.cpp, for CPUs without AVX-512 VNNI) gives the AVX-512 code's
+"""The AVX2 code of specdec's kernels (csrc/gemm_avx2.cpp, for CPUs without AVX-512 VNNI) gives the AVX-512 code's
 bits: the int8 and int4 GEMMs (row quantization, exact integer sums, the float epilogue), the row attention and a
 whole model's logits through the decoder step. Both paths run on a CPU with AVX-512 VNNI, which this needs."""
 
@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.models import int8_vnni
-from specdec.models.int4_vnni import Int4Weight
-from specdec.models.int8_weights import quantize_weight
+from specdec.models.kernels import extension
+from specdec.models.quantized import int8_packed
+from specdec.models.quantized.int4 import Int4Weight
+from specdec.models.quantized.int8_weights import quantize_weight
 
-pytestmark = pytest.mark.skipif(int8_vnni.kernel_isa() != "avx512",
+pytestmark = pytest.mark.skipif(extension.kernel_isa() != "avx512",
                                 reason="comparing both paths needs a CPU with AVX-512 VNNI")
 
 
@@ -22,7 +23,7 @@ def both():
     def run(fn):
         out = []
         for avx2 in (False, True):
-            with int8_vnni.avx2_code(avx2) as ext:
+            with extension.avx2_code(avx2) as ext:
                 calls = ext.avx2_calls()
                 out.append(fn())
                 assert (ext.avx2_calls() > calls) == avx2  # the AVX2 code ran, and only when asked
@@ -35,7 +36,7 @@ def both():
 def test_the_gemms_give_the_avx512_bits(both, n, k):
     torch.manual_seed(n + k)
     weight, bias = torch.randn(n, k), torch.randn(n)
-    int4, int8 = Int4Weight.quantize(weight), int8_vnni.VnniWeight(quantize_weight(weight, True))
+    int4, int8 = Int4Weight.quantize(weight), int8_packed.PackedInt8Weight(quantize_weight(weight, True))
     for m in (1, 2, 3, 5, 7, 8, 13):  # (the int4 code: one pass of 1-5 rows, then 5 + 2, 5 + 3, 5 + 5 + 3)
         x = torch.randn(m, k) * 3
         x[0, :7] = 0.0  # zeros and a row's largest value among them
@@ -58,7 +59,7 @@ def test_the_row_attention_gives_the_avx512_bits(both, b, h, h_kv, q, length, d)
     query, key, value = torch.randn(b, h, q, d), torch.randn(b, h_kv, length, d), torch.randn(b, h_kv, length, d)
     starts, ends = torch.zeros(b, q, dtype=torch.long), torch.randint(1, length + 1, (b, q))
     starts[-1, 0], starts[0, -1] = min(5, int(ends[-1, 0])), int(ends[0, -1])  # a span from 5; an empty one
-    ext = int8_vnni.extension()
+    ext = extension.loaded()
     threads = torch.get_num_threads()
     try:
         for mask in (None, torch.rand(b, q, length) > 0.3, torch.randn(b, q, length)):
@@ -88,16 +89,16 @@ def test_the_process_runs_the_avx2_code_where_asked(monkeypatch):
     """``ATEN_CPU_CAPABILITY=avx2`` (issue 39's approximation of an AVX2-only CPU) picks the AVX2 code; the extension
     applies the choice when it loads (once per process)."""
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert int8_vnni.kernel_isa() == "avx2"
+    assert extension.kernel_isa() == "avx2"
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    assert int8_vnni.kernel_isa() == "avx512" and not int8_vnni.extension().uses_avx2()
+    assert extension.kernel_isa() == "avx512" and not extension.loaded().uses_avx2()
 
 
 def test_the_row_attention_of_empty_and_long_passes(both):
     """No rows, or no batch, give an empty output (not a crash); a long pass (a masked prefill: 100 rows of 12 heads
     over 2 key/value heads) is split into many chunks of pairs, with the same bits on both paths and each row's bits
     alone."""
-    ext = int8_vnni.extension()
+    ext = extension.loaded()
     for b, q in ((1, 0), (0, 3)):
         out = ext.row_attention(torch.zeros(b, 8, q, 64), torch.zeros(b, 2, 5, 64), torch.zeros(b, 2, 5, 64),
                                 torch.zeros(b, q, dtype=torch.long), torch.zeros(b, q, dtype=torch.long), None, 0.125)

@@ -1,4 +1,4 @@
-"""One engine at one row (specdec.batch_alone): a batch's only row runs through the one-sequence engine, and goes
+"""One engine at one row (specdec.batch.alone): a batch's only row runs through the one-sequence engine, and goes
 back into the batch when a request joins, its keys and values copied each way: with a block-invariant target the
 row's tokens are bit for bit specdec.generate's, however often it moves."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import specdec
-from specdec.batching import BatchEngine, alone_draft
+from specdec.batch.engine import BatchEngine, alone_draft
 from specdec.config import GenerationConfig
-from specdec.models.batch_session import BatchSession
+from specdec.models.sessions.batch_session import BatchSession
 from test_batching import PROMPTS, quantizations
 from test_quantize import quantized_copy
 from tiny import load_tiny, load_tiny_chars, perturbed, tiny_gemma3

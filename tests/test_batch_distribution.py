@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import batching
-from specdec.batching import MODEL, BatchEngine
+from specdec.batch import engine
+from specdec.batch.engine import MODEL, BatchEngine
 from specdec.config import GenerationConfig
 from specdec.sampling import SamplingParams, standardize
 from stats_util import chi_square_pvalue
@@ -62,12 +62,12 @@ def joint_pvalue(pair, options) -> float:
 def q_misaligned(monkeypatch):
     """The planted bug for speculative sampling: the draft's q rows off by one position (row i + 1 used for
     token i). (Dropping q altogether would not do: a one-hot test of whatever was drafted is exact.)"""
-    real = batching.verify
+    real = engine.verify
 
     def buggy(logits, tokens, q, *args, **kwargs):
         return real(logits, tokens, None if q is None else torch.roll(q, -1, dims=0), *args, **kwargs)
 
-    monkeypatch.setattr(batching, "verify", buggy)
+    monkeypatch.setattr(engine, "verify", buggy)
 
 
 @pytest.mark.parametrize("options", [SAMPLED, BLOCK], ids=["token", "block"])

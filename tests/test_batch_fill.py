@@ -1,4 +1,4 @@
-"""Chunked prefill in the batch engine (specdec.batch_fill): a prompt joining running rows goes in a chunk a round,
+"""Chunked prefill in the batch engine (specdec.batch.fill): a prompt joining running rows goes in a chunk a round,
 so the running rows wait at most one chunk; every row still equals the same request alone, bit for bit (ragged
 lengths, rows joining and leaving, model-drafted, plain and prompt-lookup rows, with the prefix cache), and a row
 cancelled while its prompt goes in leaves the others untouched."""
@@ -6,7 +6,7 @@ cancelled while its prompt goes in leaves the others untouched."""
 import pytest
 
 import specdec
-from specdec.batching import MODEL, BatchEngine
+from specdec.batch.engine import MODEL, BatchEngine
 from specdec.config import GenerationConfig
 from test_batching import quantizations
 from test_quantize import quantized_copy

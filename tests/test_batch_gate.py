@@ -1,10 +1,10 @@
-"""The batch's draft gate (specdec.batch_gate): at each batch size the draft model drafts while its measured rounds
+"""The batch's draft gate (specdec.batch.gate): at each batch size the draft model drafts while its measured rounds
 give at least plain rounds' tokens a second, tries both sides first, probes the other now and then, and does not
 count the round after a switch; greedy rows stay exact whatever it decides."""
 
 import specdec
-from specdec.batch_gate import DraftGate
-from specdec.batching import BatchEngine
+from specdec.batch.gate import DraftGate
+from specdec.batch.engine import BatchEngine
 from specdec.config import GenerationConfig
 from test_batching import PROMPTS
 from test_quantize import quantized_copy

@@ -1,12 +1,12 @@
-"""Batched speculative decoding (specdec.batching): every row is what specdec.generate gives it alone."""
+"""Batched speculative decoding (specdec.batch.engine): every row is what specdec.generate gives it alone."""
 
 import pytest
 import torch
 
 import specdec
-from specdec.batching import MODEL, BatchEngine, BatchGamma
+from specdec.batch.engine import MODEL, BatchEngine, BatchGamma
 from specdec.config import GenerationConfig
-from specdec.models.batch_session import BatchSession
+from specdec.models.sessions.batch_session import BatchSession
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
 from test_distribution import PROMPT as DIST_PROMPT, V, exact_joint
@@ -133,9 +133,9 @@ def test_rows_follow_the_target_distribution_at_temperature_one():
 
 def quantizations():
     """int8, and int4 where the CPU runs it (AVX-512 VNNI or AVX2): the kernels of the CPU's quantized targets."""
-    from specdec.models import int8_vnni
+    from specdec.models.kernels import extension
 
-    return ["int8", "int4"] if int8_vnni.cpu_supported() else ["int8"]
+    return ["int8", "int4"] if extension.cpu_supported() else ["int8"]
 
 
 @pytest.mark.parametrize("method", quantizations())

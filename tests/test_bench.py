@@ -11,7 +11,7 @@ import torch
 import specdec
 import specdec.bench as bench
 from specdec.bench.aggregation import first_difference
-from specdec.bench.formatting import ms
+from specdec.analysis.values import ms
 from specdec.bench.grid import select_methods
 from specdec.bench.methods import METHODS
 from specdec.publish.tables import machine_lines, table
@@ -275,6 +275,18 @@ def test_the_cpu_kind_names_the_instruction_sets_that_decide_speed():
     assert cpu_kind({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}) == "AVX-512 BF16, AVX-512 VNNI"
     assert cpu_kind({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"}) == "AMX, AVX-512 BF16, AVX-512 VNNI"
     assert cpu_kind({"neon", "asimd"}) == "unknown"
+
+
+def test_the_one_cpu_classifier_says_which_kernel_code_runs():
+    """specdec.models.kernels.cpu: the kernel code a CPU's flags allow (the extension's choice starts from it)."""
+    from specdec.models.kernels.cpu import has_amx, kernel_code
+
+    epyc_zen4 = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
+    assert kernel_code(epyc_zen4) == "avx512" and kernel_code(epyc_zen4, avx512=False) == "avx2"
+    assert kernel_code({"avx2", "fma", "f16c"}) == "avx2"
+    assert kernel_code({"avx2", "fma", "f16c", "avx512f", "avx512bw"}) == "avx2"  # AVX-512 without VNNI: the AVX2 code
+    assert kernel_code({"avx2", "fma"}) is None and kernel_code({"neon", "asimd"}) is None  # no F16C; ARM
+    assert has_amx(epyc_zen4 | {"amx_tile"}) and not has_amx(epyc_zen4)
 
 
 def test_a_sweeps_records_name_their_machines_and_the_table_says_when_there_are_several():

@@ -11,7 +11,7 @@ import pytest
 
 import specdec.bench as bench
 from specdec import cli
-from specdec.bench import theory
+from specdec.analysis import theorem8
 from specdec.publish.tables import write_outputs
 from specdec.sweeps.pool import ModelPool
 from specdec.drafters.spec import parse_spec
@@ -63,17 +63,17 @@ def test_theory_factors_multiply_to_the_ratio():
     spec = {"new_tokens": 100, "seconds": 5.0, "tokens_per_second": 20.0, "target_calls": 40, "drafted": 150,
             "mean_accepted_length": 2.5, "time_target_s": 3.0, "time_draft_s": 1.5, "time_other_s": 0.3,
             "time_setup_s": 0.2}
-    row = theory.compare(alpha=0.7, gamma=4, c=0.1, plain=plain, spec=spec, verify_cost_ratio=1.2)
+    row = theorem8.compare(alpha=0.7, gamma=4, c=0.1, plain=plain, spec=spec, verify_cost_ratio=1.2)
     assert row["predicted"] == pytest.approx((1 - 0.7 ** 5) / (0.3 * 1.4))
     assert row["measured"] == pytest.approx(2.0)
     assert row["ratio"] == pytest.approx(row["tokens_factor"] * row["cost_factor"])
     assert row["within_tolerance"] is (abs(row["ratio"] - 1) <= 0.15)
     assert row["verify_per_call_s"] == pytest.approx(3.0 / 40) and row["other_per_call_s"] == pytest.approx(0.5 / 40)
-    text = theory.explain(row)
+    text = theorem8.explain(row)
     assert "Theorem 8" in text and ("OUTSIDE" in text) == (not row["within_tolerance"])
     if not row["within_tolerance"]:
         assert "tokens factor" in text and "cost factor" in text and "verification" in text
-    assert theory.compare(alpha=None, gamma=4, c=0.1, plain=plain, spec=spec)["predicted"] is None
+    assert theorem8.compare(alpha=None, gamma=4, c=0.1, plain=plain, spec=spec)["predicted"] is None
 
 
 def test_grid_on_tiny_models(tiny_pair, task_file, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from specdec import cli
 from specdec.publish import results
 from specdec.sweeps.pool import ModelPool
-from specdec.models.quantize import quantize_model
+from specdec.models.quantized.quantize import quantize_model
 from tiny import load_tiny, perturbed
 
 

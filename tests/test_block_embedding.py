@@ -1,15 +1,15 @@
-"""The input embedding kept in its stored form (specdec.models.block_embedding): every row it looks up is the whole
+"""The input embedding kept in its stored form (specdec.models.quantized.block_embedding): every row it looks up is the whole
 expanded table's row bit for bit, and a stored model keeps its embedding so and gives the same logits."""
 
 import pytest
 import torch
 
-from specdec.models import int8_vnni
-from specdec.models.block_embedding import BlockEmbedding, Int4Embedding
-from specdec.models.int4_vnni import Int4Weight
-from specdec.models.int8_storage import expand_blocks
+from specdec.models.kernels import extension
+from specdec.models.quantized.block_embedding import BlockEmbedding, Int4Embedding
+from specdec.models.quantized.int4 import Int4Weight
+from specdec.models.formats.stored import expand_blocks
 
-needs_vnni = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="the int4 layout is built by the vnni extension")
+needs_vnni = pytest.mark.skipif(not extension.cpu_supported(), reason="the int4 layout is built by specdec's extension")
 
 
 def test_int8_block_rows_are_the_expanded_tables_rows():
@@ -47,8 +47,8 @@ def test_q4k_rows_are_the_dequantized_tables_rows(rows, cols):
 def test_a_stored_model_keeps_its_embedding_in_the_stored_form(tmp_path, form, tied):
     """save_quantized with the table's stored form -> load_quantized puts the module in place of the embedding (not
     when the embeddings are tied: then the table is expanded as before), with the float model's logits."""
-    from specdec.models.int4_vnni import int4_weights
-    from specdec.models.quantize import load_quantized, save_quantized
+    from specdec.models.quantized.int4 import int4_weights
+    from specdec.models.formats.stored import load_quantized, save_quantized
     from tiny import tiny_model
 
     hf = tiny_model(eos=None, hidden=256).float().eval()
@@ -83,7 +83,7 @@ def load_reference(hf, folder, ids):
     """The logits of ``hf`` quantized as a conversion does (its own float embedding)."""
     import copy
 
-    from specdec.models.quantize import quantize_hf
+    from specdec.models.quantized.quantize import quantize_hf
 
     model = copy.deepcopy(hf)
     quantize_hf(model, "int4")
@@ -95,7 +95,7 @@ def load_reference(hf, folder, ids):
 def test_a_conversion_keeps_a_q4k_table_only_where_it_gives_the_float_table_back():
     """gguf_convert's check, chunk by chunk: the table's own dequantization passes; one value off in the last
     chunk's last row fails it."""
-    from specdec.models.gguf_convert import _gives_back
+    from specdec.models.formats.gguf_convert import _gives_back
 
     torch.manual_seed(2)
     weight = Int4Weight.quantize(torch.randn(100, 256))

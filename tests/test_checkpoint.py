@@ -1,4 +1,4 @@
-"""specdec.models.checkpoint: a weight file read into process memory in chunks gives transformers' model."""
+"""specdec.models.formats.checkpoint: a weight file read into process memory in chunks gives transformers' model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecDecError
-from specdec.models import checkpoint
+from specdec.models.formats import checkpoint
 from tiny import tiny_model
 
 

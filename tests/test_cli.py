@@ -77,14 +77,14 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
 
     # int4 with its head cut to 65,536 ids on CPUs with AVX-512 VNNI (specdec's kernel), int8 on the others, drafted
     # for by prompt lookup; unquantized on CUDA (the int8/int4 kernels are CPU-only); an explicit choice wins everywhere
-    from specdec.models import int8_vnni
+    from specdec.models.kernels import extension
 
-    quant = "int4@65536" if int8_vnni.usable_isa() else "int8"
+    quant = "int4@65536" if extension.usable_isa() else "int8"
     assert spec("--device", "cpu") == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int8_vnni, "usable_isa", lambda: None)
+        patch.setattr(extension, "usable_isa", lambda: None)
         assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
-        patch.setattr(int8_vnni, "usable_isa", lambda: "avx2")
+        patch.setattr(extension, "usable_isa", lambda: "avx2")
         assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int4@65536<-prompt-lookup"
     # and --help says so: both CPU defaults, as the CLI picks them
     draft_help = next(a.help for a in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
@@ -92,10 +92,10 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     assert ("qwen2.5-coder-0.5b:int4@65536<-prompt-lookup where it has AVX-512 VNNI or AVX2, else "
             "qwen2.5-coder-0.5b:int8<-prompt-lookup") in draft_help
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
-    # the batch engine too: its rows draft with the top model, a lone row with the hierarchy (specdec.batch_alone)
+    # the batch engine too: its rows draft with the top model, a lone row with the hierarchy (specdec.batch.alone)
     assert draft_spec(served) == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int8_vnni, "usable_isa", lambda: None)
+        patch.setattr(extension, "usable_isa", lambda: None)
         assert draft_spec(served) == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
     assert spec("--draft", "m", "--draft-quantize", "int8") == "m:int8"
@@ -110,19 +110,19 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
 
 def test_the_default_target_is_an_exact_quantized_target_on_cpu(monkeypatch):
     from specdec.cli import build_parser, target_quantization
-    from specdec.models import int8_vnni
+    from specdec.models.kernels import extension
 
     def quantize(*argv):
         return target_quantization(build_parser().parse_args(["generate", "x", *argv]))
 
     # the packaged target, nothing asked: int4-mixed where the CPU has AVX-512 VNNI, int4 on AVX2 alone, else int8
     expected = {"avx512": "int4-mixed", "avx2": "int4", None: "int8"}
-    assert quantize("--device", "cpu") == expected[int8_vnni.kernel_isa()]
+    assert quantize("--device", "cpu") == expected[extension.kernel_isa()]
     with pytest.MonkeyPatch.context() as patch:
         for isa, method in expected.items():
-            patch.setattr(int8_vnni, "kernel_isa", lambda isa=isa: isa)
+            patch.setattr(extension, "kernel_isa", lambda isa=isa: isa)
             assert quantize("--device", "cpu") == method
-    if int8_vnni.kernel_isa() is not None:
+    if extension.kernel_isa() is not None:
         with pytest.MonkeyPatch.context() as patch:  # how an AVX2-only CPU is approximated on a bigger one
             patch.setenv("ATEN_CPU_CAPABILITY", "avx2")
             assert quantize("--device", "cpu") == "int4"
@@ -354,7 +354,7 @@ def test_empty_standard_input_is_rejected_before_loading(capsys, monkeypatch, no
 
 
 def check_schema(value, schema, where="$"):
-    """The subset of JSON Schema that specdec.schema uses: type, properties/required/additionalProperties, items, enum."""
+    """The subset of JSON Schema that specdec.cli.schema uses: type, properties/required/additionalProperties, items, enum."""
     names = {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}
     kinds = schema.get("type")
     if kinds is not None:
@@ -385,7 +385,7 @@ def check_schema(value, schema, where="$"):
 
 
 def test_the_schema_checker_fails_on_wrong_documents():
-    from specdec.schema import GENERATION_SCHEMA
+    from specdec.cli.schema import GENERATION_SCHEMA
 
     for wrong in ({}, {"text": 1}, {"text": "a", "token_ids": [True]}):
         with pytest.raises(AssertionError):
@@ -399,7 +399,7 @@ def test_the_schema_checker_fails_on_wrong_documents():
     ["--draft", "MODEL", "--draft-quantize", "none", "--num-beams", "2"],
 ])
 def test_json_document_follows_the_stated_schema(capsys, model_dir, argv):
-    from specdec.schema import GENERATION_SCHEMA
+    from specdec.cli.schema import GENERATION_SCHEMA
 
     argv = [model_dir if a == "MODEL" else a for a in argv]
     code, out, err = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--max-new-tokens", "8", "--json", *argv)
@@ -475,16 +475,16 @@ def test_a_served_server_captures_nothing_after_it_is_ready(emulated_graphs, mon
     from starlette.testclient import TestClient
 
     from serving import CHAT_TEMPLATE, wait_until
-    from specdec import cli_serve
-    from specdec.models import graphs
-    from specdec.models.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS
+    from specdec.cli import serve
+    from specdec.models.sessions import graphs
+    from specdec.models.sessions.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS
     from specdec.serve.app import create_app
     from tiny import captured, load_tiny, perturbed
 
     tiny = load_tiny(eos=None)
     target, draft = captured(tiny), captured(perturbed(tiny, 0.1))
     target.tokenizer.chat_template = CHAT_TEMPLATE
-    monkeypatch.setattr(cli_serve, "load_models", lambda args, tokenizer=None: (target, draft))  # what load_served calls
+    monkeypatch.setattr(serve, "load_models", lambda args, tokenizer=None: (target, draft))  # what load_served calls
     captures = []
     real_capture = graphs.CapturedStep._capture
     monkeypatch.setattr(graphs.CapturedStep, "_capture", lambda self: captures.append(
@@ -547,7 +547,7 @@ def test_structured_output_from_the_command_line(capsys, tmp_path):
                          "--json-schema", str(path), "--json")
     assert code == 0, err
     doc = json.loads(out)
-    from specdec.schema import GENERATION_SCHEMA
+    from specdec.cli.schema import GENERATION_SCHEMA
 
     check_schema(doc, GENERATION_SCHEMA)
     jsonschema.validate(doc, GENERATION_SCHEMA)

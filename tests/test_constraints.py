@@ -343,7 +343,7 @@ def test_a_failed_start_gives_the_caches_back(target):
 
 
 def test_a_batch_row_with_the_grammar_draft_and_no_constraint_is_refused_before_it_joins(target):
-    from specdec.batching import BatchEngine
+    from specdec.batch.engine import BatchEngine
 
     engine = BatchEngine(target, None, max_batch=2)
     with pytest.raises(SpecDecError, match="the 'grammar' draft proposes the tokens a constraint forces"):

@@ -1,4 +1,4 @@
-"""The decoder step of models on the vnni extension (specdec.models.decoder_step): every decoder layer of a cached
+"""The decoder step of models on specdec's extension (specdec.models.native.decoder_step): every decoder layer of a cached
 pass in one extension call, with transformers' logits bit for bit; used only where it applies."""
 
 from __future__ import annotations
@@ -7,13 +7,16 @@ import pytest
 import torch
 
 import specdec
-from specdec.models import decoder_step, int8_vnni, lean_attention, threads
-from specdec.models.int8_linear import Int8Linear
+from specdec.models.native import decoder_step
+from specdec.models.kernels import extension
+from specdec.models.native import lean_attention
+from specdec.models.kernels import threads
+from specdec.models.quantized.int8_linear import Int8Linear
 from test_lean_attention import passes
 from test_quantize import SEQ, quantized_copy
 from tiny import load_tiny, tiny_gemma3
 
-pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
+pytestmark = pytest.mark.skipif(not extension.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 
 
 @pytest.fixture

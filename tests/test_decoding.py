@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.models.session import DynamicSession
+from specdec.models.sessions.session import DynamicSession
 from specdec.text import IncrementalDecoder
 from tiny import load_tiny, perturbed, tiny_gemma3
 

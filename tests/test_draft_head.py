@@ -8,8 +8,8 @@ import torch
 import specdec
 from specdec.drafters.spec import DraftLevel, format_spec, parse_spec
 from specdec.errors import SpecDecError
-from specdec.models import int8_vnni
-from specdec.models.draft_head import SubsetHead, kept_ids, restricted_draft
+from specdec.models.kernels import extension
+from specdec.models.quantized.draft_head import SubsetHead, kept_ids, restricted_draft
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
 from test_distribution import N_RUNS, PROMPT, V, exact_joint, sampled_joint
@@ -21,7 +21,7 @@ def test_kept_ids_are_the_first_n_and_the_end_of_sequence_ids():
 
 
 @pytest.mark.parametrize("quantize", [None, "int8", pytest.param("int4", marks=pytest.mark.skipif(
-    not int8_vnni.cpu_supported(), reason="int4 runs on the vnni kernel: this CPU has neither AVX-512 VNNI nor AVX2"))])
+    not extension.cpu_supported(), reason="int4 runs on specdec's int8 kernel: this CPU has neither AVX-512 VNNI nor AVX2"))])
 def test_the_kept_logits_are_the_full_heads_bit_for_bit(quantize):
     model = load_tiny(vocab=64, eos=None)
     if quantize:

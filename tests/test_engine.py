@@ -7,9 +7,9 @@ import torch
 import specdec
 from specdec.acceptance import greedy_verification, speculative_sampling, verify
 from specdec.devices import resolve_device
-from specdec.models.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS, compiled_step, static_step
-from specdec.models.kv_cache import cache_argument
-from specdec.models.session import DynamicSession, StaticSession
+from specdec.models.sessions.graphs import MAX_GRAPH_WIDTH, WIDTH_BUCKETS, compiled_step, static_step
+from specdec.models.cache.kv_cache import cache_argument
+from specdec.models.sessions.session import DynamicSession, StaticSession
 from specdec.sampling import SamplingParams, standardize
 from tiny import captured, load_tiny, perturbed, tiny_gemma3, tiny_model, tiny_tokenizer
 
@@ -158,7 +158,7 @@ def test_after_prepare_no_generation_captures_anything(emulated_graphs, monkeypa
     a generation longer than the prepared capacity) captures nothing, gives the eager tokens, and every model
     keeps one graph per bucket."""
     from specdec.decoding import prepare_steps
-    from specdec.models import graphs
+    from specdec.models.sessions import graphs
     from test_retokenized import byte_bpe, tiny_draft
 
     captures = []  # (kind, width) of every capture, steps and prefill chunks alike

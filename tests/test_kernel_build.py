@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec.models import int8_vnni, kernel_build
+from specdec.models.kernels import extension
+
+from specdec.models.kernels import build
 
 TINY = """#include <torch/extension.h>
 int64_t twice(int64_t x) { return 2 * x; }
@@ -22,8 +24,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
 BUILD = """
 import sys
 from pathlib import Path
-from specdec.models import kernel_build
-module = kernel_build.load("specdec_tiny", [Path(sys.argv[1])], what="a tiny extension")
+from specdec.models.kernels import build
+module = build.load("specdec_tiny", [Path(sys.argv[1])], what="a tiny extension")
 print("twice(21) =", module.twice(21), flush=True)
 """
 
@@ -37,22 +39,22 @@ def _source(folder: Path) -> Path:
 
 def test_the_key_is_the_content_not_the_path(tmp_path):
     a, b = _source(tmp_path / "checkout_a"), _source(tmp_path / "checkout_b")
-    assert kernel_build.build_key([a], [], ["-O3"], []) == kernel_build.build_key([b], [], ["-O3"], [])
-    assert kernel_build.build_key([a], [], ["-O3"], []) != kernel_build.build_key([a], [], ["-O2"], [])
+    assert build.build_key([a], [], ["-O3"], []) == build.build_key([b], [], ["-O3"], [])
+    assert build.build_key([a], [], ["-O3"], []) != build.build_key([a], [], ["-O2"], [])
     b.write_text(TINY + "// changed\n")
-    assert kernel_build.build_key([a], [], ["-O3"], []) != kernel_build.build_key([b], [], ["-O3"], [])
+    assert build.build_key([a], [], ["-O3"], []) != build.build_key([b], [], ["-O3"], [])
 
 
 def test_the_real_kernels_load_from_their_folder_without_a_build(monkeypatch, capsys):
     """What every process after the first does: the built .so imported directly, no ninja, nothing said."""
-    if not int8_vnni.cpu_supported():
+    if not extension.cpu_supported():
         pytest.skip("this CPU runs no specdec kernel")
-    int8_vnni.extension()  # built (make test-setup builds it)
+    extension.loaded()  # built (make test-setup builds it)
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("the kernels were rebuilt"))
-    again = kernel_build.load("specdec_cpu_kernels", int8_vnni.SOURCES, int8_vnni.HEADERS, int8_vnni.CFLAGS,
-                              int8_vnni.LDFLAGS)
+    again = build.load("specdec_cpu_kernels", extension.SOURCES, extension.HEADERS, extension.CFLAGS,
+                              extension.LDFLAGS)
     assert again.avx2_calls() >= 0 and "building" not in capsys.readouterr().err
 
 
@@ -60,7 +62,7 @@ def test_a_killed_build_is_followed_by_one_that_clears_its_lock_and_builds(tmp_p
     """A build killed half-way (its process group: python, ninja, the compiler) leaves torch's lock file, which
     torch would wait on forever; the next run says it removes it and builds. Then a copy of the source elsewhere
     (another checkout) loads what was built, without building."""
-    env = {**os.environ, kernel_build.ENV_DIR: str(tmp_path / "kernels")}
+    env = {**os.environ, build.ENV_DIR: str(tmp_path / "kernels")}
     source = _source(tmp_path / "checkout_a")
     killed = subprocess.Popen([sys.executable, "-c", BUILD, str(source)], env=env, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
@@ -75,13 +77,13 @@ def test_a_killed_build_is_followed_by_one_that_clears_its_lock_and_builds(tmp_p
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     (folder,) = folders()
-    assert (folder / "lock").exists() and not (folder / kernel_build.DONE).exists()
+    assert (folder / "lock").exists() and not (folder / build.DONE).exists()
 
     after = subprocess.run([sys.executable, "-c", BUILD, str(source)], env=env, capture_output=True, text=True,
                            timeout=600)
     assert after.returncode == 0, after.stderr
     assert "removing a stale build lock" in after.stderr and "left by a build that was killed" in after.stderr
-    assert "twice(21) = 42" in after.stdout and (folder / kernel_build.DONE).exists()
+    assert "twice(21) = 42" in after.stdout and (folder / build.DONE).exists()
 
     other = _source(tmp_path / "checkout_b")
     again = subprocess.run([sys.executable, "-c", BUILD, str(other)], env=env, capture_output=True, text=True,
@@ -93,12 +95,12 @@ def test_a_killed_build_is_followed_by_one_that_clears_its_lock_and_builds(tmp_p
 def test_a_failed_build_names_the_fix(tmp_path, monkeypatch):
     """No working compiler: the kernels' error says what to install (and the defaults then run without them:
     tests/test_no_kernels.py)."""
-    monkeypatch.setenv(kernel_build.ENV_DIR, str(tmp_path / "kernels"))
+    monkeypatch.setenv(build.ENV_DIR, str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", "/bin/false")
-    monkeypatch.setattr(int8_vnni, "_extension", None)
-    monkeypatch.setattr(int8_vnni, "_failure", None)
-    if not int8_vnni.cpu_supported():
+    monkeypatch.setattr(extension, "_extension", None)
+    monkeypatch.setattr(extension, "_failure", None)
+    if not extension.cpu_supported():
         pytest.skip("this CPU runs no specdec kernel")
-    error = int8_vnni.build_error()
+    error = extension.build_error()
     assert error is not None and error.startswith("could not build specdec's CPU kernels")
     assert "install a C++ compiler" in error and "pip install ninja" in error

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from specdec.models.kv_cache import MIN_CAPACITY, PreallocatedLayer, preallocated_cache
+from specdec.models.cache.kv_cache import MIN_CAPACITY, PreallocatedLayer, preallocated_cache
 from tiny import load_tiny, tiny_gemma3
 
 

@@ -1,4 +1,4 @@
-"""The lean attention and MLP forwards of models on the vnni extension (specdec.models.lean_attention): the same
+"""The lean attention and MLP forwards of models on specdec's extension (specdec.models.native.lean_attention): the same
 logits, bit for bit, as transformers' own forwards; installed only where they apply."""
 
 from __future__ import annotations
@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.models import int8_vnni, lean_attention
+from specdec.models.kernels import extension
+
+from specdec.models.native import lean_attention
 from test_quantize import SEQ, quantized_copy, steps_and_block
 from tiny import load_tiny, tiny_gemma3
 
-pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
+pytestmark = pytest.mark.skipif(not extension.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 
 
 def passes(model):
@@ -42,7 +44,7 @@ def test_the_rotary_kernel_is_transformers_arithmetic():
     q, k = torch.randn(2, 7, 4, 16), torch.randn(2, 7, 2, 16)
     angles = torch.randn(2, 7, 8) * 3
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
-    ours = int8_vnni.extension().rotary(q, k, cos, sin)
+    ours = extension.loaded().rotary(q, k, cos, sin)
     theirs = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     for a, b in zip(ours, theirs):
         assert a.is_contiguous() and torch.equal(a, b)
@@ -51,5 +53,5 @@ def test_the_rotary_kernel_is_transformers_arithmetic():
 def test_other_models_keep_their_forwards():
     model = quantized_copy(tiny_gemma3(eos=None))  # q/k norms: not the plain Llama form
     assert not any(type(m).__name__.startswith("Lean") for m in model.hf_model.modules())
-    plain = load_tiny("qwen2", eos=None, hidden=128)  # float: no vnni kernel, transformers' forwards
+    plain = load_tiny("qwen2", eos=None, hidden=128)  # float: no specdec kernel, transformers' forwards
     assert not any(type(m).__name__.startswith("Lean") for m in plain.hf_model.modules())

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import specdec
-from specdec.models import presets
-from specdec.models.gguf_convert import one_parse_per_file, strip_gguf_quantization
-from specdec.models.presets import PRESETS, VARIANTS, resolve_preset
+from specdec.models.formats import presets
+from specdec.models.formats.gguf_convert import one_parse_per_file, strip_gguf_quantization
+from specdec.models.formats.presets import PRESETS, VARIANTS, resolve_preset
 
 
 def _fake_preset(tmp_path):
@@ -184,7 +184,7 @@ def _old(old_folder, dtype=torch.float32, quantize=None):
 
     hf = AutoModelForCausalLM.from_pretrained(old_folder, dtype=torch.float32 if quantize else dtype)
     if quantize:
-        from specdec.models.quantize import quantize_hf
+        from specdec.models.quantized.quantize import quantize_hf
 
         quantize_hf(hf, quantize)
     return hf.eval()
@@ -246,7 +246,7 @@ def test_new_files_give_what_the_old_path_gave(monkeypatch, old_folders, preset,
     assert (folder / VARIANTS[variant]).is_file()
     _assert_same_tensors(new.hf_model, old)
     if kwargs.get("quantize"):  # the int8 layers' weights are not in the state dict: compare them here
-        from specdec.models.quantize import Int8Linear
+        from specdec.models.quantized.quantize import Int8Linear
 
         old_layers = dict(old.named_modules())
         for name, layer in new.hf_model.named_modules():
@@ -260,7 +260,7 @@ def test_new_files_give_what_the_old_path_gave(monkeypatch, old_folders, preset,
         assert new.eos_token_ids == {0, 2} and new.vocab_size == 49152
     if kwargs.get("quantize"):
         assert new.quantization == kwargs["quantize"] and new.name == f"{preset}+{kwargs['quantize']}"
-        from specdec.models.quantize import Int8Linear
+        from specdec.models.quantized.quantize import Int8Linear
 
         assert isinstance(new.hf_model.model.layers[0].mlp.down_proj, Int8Linear)  # the int8 kernel
     if preset == "gemma3-270m":
@@ -273,7 +273,7 @@ def test_new_files_give_what_the_old_path_gave(monkeypatch, old_folders, preset,
     # the same tokens from specdec's own decoding loop (old model wrapped as the old load() did)
     old_lm = specdec.load(old, tokenizer=new.tokenizer, name="old")
     if kwargs.get("quantize"):
-        from specdec.models.quantize import mark_quantized
+        from specdec.models.quantized.quantize import mark_quantized
 
         mark_quantized(old_lm, kwargs["quantize"])  # as load(quantize=) does: row-wise attention
     cfg = specdec.GenerationConfig(max_new_tokens=8)
@@ -327,7 +327,9 @@ def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
     bit for bit."""
     import copy
 
-    from specdec.models.quantize import expand_blocks, load_quantized, quantize_hf, save_quantized
+    from specdec.models.quantized.quantize import quantize_hf
+
+    from specdec.models.formats.stored import expand_blocks, load_quantized, save_quantized
     from tiny import tiny_model
 
     hf = tiny_model(eos=None).float().eval()
@@ -352,7 +354,7 @@ def test_block_form_gives_the_float32_tensor_back_exactly(tmp_path):
     with safe_open(str(path), framework="pt") as f:
         assert f"{key}.k_int8" in f.keys() and key not in f.keys()
     loaded = load_quantized(tmp_path, path, "int8")
-    from specdec.models.block_embedding import BlockEmbedding
+    from specdec.models.quantized.block_embedding import BlockEmbedding
 
     assert isinstance(loaded.get_input_embeddings(), BlockEmbedding)
     table = loaded.get_input_embeddings()(torch.arange(rows))
@@ -375,7 +377,9 @@ def test_a_conversion_saves_the_quantized_layers_without_building_them(tmp_path,
     from safetensors import safe_open
     from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
-    from specdec.models.quantize import quantized_weights, save_quantized
+    from specdec.models.quantized.quantize import quantized_weights
+
+    from specdec.models.formats.stored import save_quantized
     from tiny import tiny_model
 
     hf = tiny_model(eos=None).float().eval()

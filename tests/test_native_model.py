@@ -1,4 +1,4 @@
-"""specdec's own model of a stored int8 / int4 Qwen2 or Llama (specdec.models.native): transformers' logits bit for
+"""specdec's own model of a stored int8 / int4 Qwen2 or Llama (specdec.models.native.causal_lm): transformers' logits bit for
 bit, its generations token for token, without importing transformers' model code; other passes refused clearly."""
 
 from __future__ import annotations
@@ -12,17 +12,20 @@ import torch
 
 import specdec
 from specdec.errors import SpecDecError
-from specdec.models import decoder_step, int8_vnni, native
+from specdec.models.native import decoder_step
+from specdec.models.kernels import extension
+from specdec.models.native import causal_lm
 from test_quantize import SEQ, steps_and_block
 from tiny import tiny_gemma3, tiny_model, tiny_tokenizer
 
-pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
+pytestmark = pytest.mark.skipif(not extension.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 
 
 def stored(folder, hf, method: str):
     """``hf`` saved as a preset's quantized variant is (config.json and the quantized weights) in ``folder``."""
-    from specdec.models.int4_vnni import int4_weights
-    from specdec.models.quantize import quantized_weights, save_quantized
+    from specdec.models.quantized.int4 import int4_weights
+    from specdec.models.quantized.quantize import quantized_weights
+    from specdec.models.formats.stored import save_quantized
 
     hf.save_pretrained(folder)
     path = folder / f"model.{method}.safetensors"
@@ -34,9 +37,10 @@ def stored(folder, hf, method: str):
 def loaded(folder, path, method: str, own: bool) -> specdec.LanguageModel:
     """The stored model as specdec.load loads a preset's quantized variant: into specdec's model or transformers'."""
     from specdec.models import _wrap
-    from specdec.models.quantize import load_quantized, mark_quantized
+    from specdec.models.quantized.quantize import mark_quantized
+    from specdec.models.formats.stored import load_quantized
 
-    with native.skeletons() if own else _nothing():
+    with causal_lm.skeletons() if own else _nothing():
         hf = load_quantized(folder, path, method)
     model = _wrap(hf, tiny_tokenizer(), "tiny", None)
     mark_quantized(model, method)
@@ -54,7 +58,7 @@ class _nothing:
 def both(tmp_path, hf, method):
     path = stored(tmp_path, hf, method)
     ours, theirs = loaded(tmp_path, path, method, True), loaded(tmp_path, path, method, False)
-    assert type(ours.hf_model) is native.NativeCausalLM and type(theirs.hf_model) is not native.NativeCausalLM
+    assert type(ours.hf_model) is causal_lm.NativeCausalLM and type(theirs.hf_model) is not causal_lm.NativeCausalLM
     return ours, theirs
 
 
@@ -99,7 +103,7 @@ def test_tied_embeddings_and_a_head_dim_of_its_own_give_transformers_bits(tmp_pa
     assert ours.hf_model.model.layers[0].self_attn.head_dim == 48
     assert all(torch.equal(a, b) for a, b in zip(steps_and_block(ours, SEQ, 9, 5), steps_and_block(theirs, SEQ, 9, 5)))
     assert torch.equal(from_scratch_again(ours), from_scratch_again(theirs))
-    empty = native.NativeCausalLM(native.read_config(tmp_path))  # (a float head left to tie, as checkpoint.fill ties it)
+    empty = causal_lm.NativeCausalLM(causal_lm.read_config(tmp_path))  # (a float head left to tie, as checkpoint.fill ties it)
     empty.tie_weights()
     assert empty.lm_head.weight is empty.model.embed_tokens.weight
 
@@ -149,23 +153,23 @@ def test_batches_beams_and_the_static_engine_are_refused(tmp_path):
 
 def test_other_models_load_into_transformers(tmp_path):
     gemma = tiny_gemma3(eos=None).hf_model.float()
-    assert not native.supported(gemma.config)  # q/k norms, sliding windows: not this module's arithmetic
+    assert not causal_lm.supported(gemma.config)  # q/k norms, sliding windows: not this module's arithmetic
     gemma.save_pretrained(tmp_path)
-    assert native.model_for(tmp_path) is None
+    assert causal_lm.model_for(tmp_path) is None
     llama3 = copy.deepcopy(tiny_model("llama").config)
     llama3.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                               "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
-    assert native.supported(tiny_model("llama").config) and not native.supported(llama3)
+    assert causal_lm.supported(tiny_model("llama").config) and not causal_lm.supported(llama3)
     with pytest.raises(SpecDecError, match="specdec's native model builds qwen2, llama"):
-        native.NativeCausalLM(gemma.config)
+        causal_lm.NativeCausalLM(gemma.config)
 
 
 def test_the_cli_generates_with_the_native_model_without_transformers_model_code():
     """The one-shot command with its defaults (on this CPU the packaged pair, stored quantized, a speculative
     generation): nothing of transformers' model packages or model code is imported, and the tokens are the plain
     greedy decoding of the target loaded into transformers' model."""
-    from specdec.cli_models import load_models
-    from specdec.cli_parser import build_parser
+    from specdec.cli.models import load_models
+    from specdec.cli.parser import build_parser
 
     target, _ = load_models(build_parser().parse_args(["generate", "x"]))  # (converts the presets on a new machine:
     # a conversion imports transformers' model code, a later one-shot does not)
@@ -181,7 +185,7 @@ def test_the_cli_generates_with_the_native_model_without_transformers_model_code
     import json
 
     tokens = json.loads(out)["token_ids"]
-    assert type(target.hf_model) is not native.NativeCausalLM
+    assert type(target.hf_model) is not causal_lm.NativeCausalLM
     assert tokens == specdec.generate(target, "def fib(n):", max_new_tokens=12).token_ids
 
 
@@ -211,7 +215,7 @@ def test_a_stored_config_reads_as_autoconfig_reads_it(tmp_path):
     model-specific class gives, for the tiny models' configs and every preset converted on this machine."""
     from transformers import AutoConfig
 
-    from specdec.models.presets import PRESETS, converted_folder
+    from specdec.models.formats.presets import PRESETS, converted_folder
 
     folders = []
     for kind in ("qwen2", "llama"):
@@ -220,8 +224,8 @@ def test_a_stored_config_reads_as_autoconfig_reads_it(tmp_path):
         folders.append(tmp_path / kind)
     folders += [f for f in (converted_folder(name) for name in PRESETS) if f is not None]
     for folder in folders:
-        ours, theirs = native.read_config(folder), AutoConfig.from_pretrained(folder)
+        ours, theirs = causal_lm.read_config(folder), AutoConfig.from_pretrained(folder)
         # (use_cache: the model classes' forward default, which generic configs drop; specdec passes it every call)
         differ = [k for k in theirs.to_dict() if k != "use_cache" and getattr(ours, k, None) != getattr(theirs, k, None)]
         assert differ == [], folder
-        assert native.supported(ours) == native.supported(theirs)
+        assert causal_lm.supported(ours) == causal_lm.supported(theirs)

@@ -9,29 +9,30 @@ import sys
 
 import pytest
 
-from specdec.models import kernel_build
+from specdec.models.kernels import build
 
 DEFAULTS = """
 import warnings
 warnings.simplefilter("always")
 from specdec import config
-from specdec.models import int8_vnni
+from specdec.models.kernels import extension
 print("quantize:", config.default_target_quantize("qwen2.5-coder-1.5b", "cpu"))
 print("draft:", config.default_draft("cpu"))
-print("isa:", int8_vnni.usable_isa())
+print("isa:", extension.usable_isa())
 """
 
 TINY_INT8 = """
 import sys
 sys.path.insert(0, "tests")
 import specdec
-from specdec.models import int8_kernels, int8_vnni
+from specdec.models.kernels import int8_matmul
+from specdec.models.kernels import extension
 from tiny import load_tiny, tiny_model, tiny_tokenizer
 target = specdec.load(tiny_model(seed=3, sharp=4.0, eos=None), tokenizer=tiny_tokenizer(), quantize="int8")
 draft = specdec.load(tiny_model(seed=4, sharp=4.0, eos=None), tokenizer=tiny_tokenizer(), quantize="int8")
 plain = specdec.generate(target, "w1 w2 w3", max_new_tokens=24)
 spec = specdec.generate(target, "w1 w2 w3", draft=draft, gamma=4, max_new_tokens=24)
-print("kernel:", int8_kernels.chosen(), "extension loaded:", int8_vnni._extension is not None)
+print("kernel:", int8_matmul.chosen(), "extension loaded:", extension._extension is not None)
 print("same:", plain.token_ids == spec.token_ids, len(spec.token_ids))
 """
 
@@ -59,12 +60,12 @@ def test_turned_off_the_default_is_the_int8_target_through_fbgemm_with_its_int8_
 
 
 def test_a_failed_build_warns_once_with_the_fix_and_the_defaults_run_without_the_kernels(tmp_path):
-    done = run(DEFAULTS, CXX="/bin/false", **{kernel_build.ENV_DIR: str(tmp_path / "kernels")})
+    done = run(DEFAULTS, CXX="/bin/false", **{build.ENV_DIR: str(tmp_path / "kernels")})
     assert done.returncode == 0, done.stderr
     got = _lines(done.stdout)
-    from specdec.models import int8_vnni
+    from specdec.models.kernels import extension
 
-    if not int8_vnni.cpu_supported():
+    if not extension.cpu_supported():
         pytest.skip("this CPU runs no specdec kernel: nothing to fail")
     assert got["quantize"] == "int8" and got["draft"] == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
     assert done.stderr.count("could not build specdec's CPU kernels") == 1  # said once, with the fix
@@ -81,11 +82,12 @@ def test_without_the_kernels_an_int8_target_and_draft_give_plain_greedy_s_tokens
 def test_where_torch_has_no_fbgemm_the_default_is_the_float_pair(monkeypatch):
     """ARM builds of torch (Graviton, Apple silicon): no specdec kernel, no fbgemm: the float target and draft."""
     from specdec import config
-    from specdec.models import int8_kernels, int8_vnni
+    from specdec.models.kernels import int8_matmul
+    from specdec.models.kernels import extension
 
-    monkeypatch.setattr(int8_vnni, "usable_isa", lambda: None)
-    monkeypatch.setattr(int8_kernels, "has_fbgemm", lambda: False)
+    monkeypatch.setattr(extension, "usable_isa", lambda: None)
+    monkeypatch.setattr(int8_matmul, "has_fbgemm", lambda: False)
     assert config.default_target_quantize("qwen2.5-coder-1.5b", "cpu") is None
     assert config.default_draft("cpu") == "qwen2.5-coder-0.5b<-prompt-lookup"
-    monkeypatch.setattr(int8_kernels, "has_fbgemm", lambda: True)
+    monkeypatch.setattr(int8_matmul, "has_fbgemm", lambda: True)
     assert config.default_target_quantize("qwen2.5-coder-1.5b", "cpu") == "int8"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import specdec
-from specdec.batch_row import BatchRow
-from specdec.batching import MODEL, BatchEngine, batch_drafting
+from specdec.batch.row import BatchRow
+from specdec.batch.engine import MODEL, BatchEngine, batch_drafting
 from specdec.config import GenerationConfig
 from specdec.decoding import _Run
 from specdec.drafters import DraftKind, PromptLookupDrafter, plan_draft

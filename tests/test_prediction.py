@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.batching import BatchEngine
+from specdec.batch.engine import BatchEngine
 from specdec.config import GenerationConfig
 from specdec.drafters.prediction import MIN_MATCH, PredictionDrafter, align
 from specdec.errors import SpecDecError
@@ -160,11 +160,12 @@ def test_the_server_takes_openais_prediction_and_reports_its_counts(monkeypatch)
     from starlette.testclient import TestClient
 
     from serving import wait_until
-    from specdec import cli, cli_serve
+    from specdec import cli
+    from specdec.cli import serve
     from specdec.serve.app import create_app
 
     target = load_tiny(eos=None)
-    monkeypatch.setattr(cli_serve, "load_models", lambda args, tokenizer=None: (target, perturbed(target, 0.3)))
+    monkeypatch.setattr(serve, "load_models", lambda args, tokenizer=None: (target, perturbed(target, 0.3)))
     plain = specdec.generate(target, [1, 10, 11], draft=None, max_new_tokens=20)
     predicted = target.decode(plain.token_ids)
     import specdec.decoding as decoding  # (a tiny model's text need not give back its ids: the text stands for them)

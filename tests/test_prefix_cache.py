@@ -1,4 +1,4 @@
-"""The prefix cache across requests (specdec.prefix_cache, the batch engine's prefix_cache_bytes): a request whose
+"""The prefix cache across requests (specdec.batch.prefix_cache, the batch engine's prefix_cache_bytes): a request whose
 prompt begins as a finished one's sequence reuses its keys and values, target and draft, and gets what an uncached
 request gets, bit for bit (a block-invariant target); least recently used entries go first under the budget."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import specdec
-from specdec.batching import MODEL, BatchEngine
+from specdec.batch.engine import MODEL, BatchEngine
 from specdec.config import GenerationConfig
-from specdec.prefix_cache import MIN_REUSE, PrefixCache
+from specdec.batch.prefix_cache import MIN_REUSE, PrefixCache
 from test_batching import quantizations
 from test_quantize import quantized_copy
 from tiny import load_tiny, perturbed, tiny_gemma3
@@ -118,12 +118,13 @@ def test_the_server_reports_cached_tokens_and_a_cached_turn_answers_as_a_fresh_o
     from starlette.testclient import TestClient
 
     from serving import wait_until
-    from specdec import cli, cli_serve
+    from specdec import cli
+    from specdec.cli import serve
     from specdec.serve.app import create_app
 
     base = load_tiny(eos=None, hidden=128)
     target, draft = quantized_copy(base, "int8"), quantized_copy(perturbed(base, 0.05), "int8")
-    monkeypatch.setattr(cli_serve, "load_models", lambda args, tokenizer=None: (target, draft))
+    monkeypatch.setattr(serve, "load_models", lambda args, tokenizer=None: (target, draft))
     turn1 = SYSTEM + [3, 4]
     answers = {}
     for size in ("0", "64"):

@@ -1,4 +1,4 @@
-"""Tests of specdec.models.presets: packaged GGUF models turned into cached Hugging Face folders."""
+"""Tests of specdec.models.formats.presets: packaged GGUF models turned into cached Hugging Face folders."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pathlib
 import pytest
 
 from specdec.errors import ModelPackageMissing, SpecDecError
-from specdec.models import presets
-from specdec.models.presets import PRESETS, Preset, cache_root, resolve_preset
+from specdec.models.formats import presets
+from specdec.models.formats.presets import PRESETS, Preset, cache_root, resolve_preset
 
 
 def _installed(preset: Preset) -> bool:

@@ -10,8 +10,8 @@ import specdec
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
 from test_distribution import V, exact_joint, sampled_joint
-from specdec.models import int8_kernels
-from specdec.models.quantize import Int8Linear
+from specdec.models.kernels import int8_matmul
+from specdec.models.quantized.quantize import Int8Linear
 from tiny import load_tiny, perturbed, tiny_gemma3
 
 PROMPT = [1, 10, 11, 12, 13, 14, 10, 11]
@@ -45,16 +45,16 @@ def test_quantized_draft_keeps_the_distribution():
     assert chi_square_pvalue(counts.numpy(), probs.numpy()) > 1e-3
 
 
-KERNELS = int8_kernels.available()  # each kernel this machine can run is tested
+KERNELS = int8_matmul.available()  # each kernel this machine can run is tested
 
 
 @pytest.fixture
 def kernel(request):
     """Int8 layers built inside the test run ``request.param``'s kernel; the process's choice is restored after."""
-    before = int8_kernels._chosen
-    int8_kernels.use(request.param)
+    before = int8_matmul._chosen
+    int8_matmul.use(request.param)
     yield request.param
-    int8_kernels._chosen = before
+    int8_matmul._chosen = before
 
 
 def int8_tiny(kind):
@@ -120,14 +120,14 @@ def test_int8_decoding_passes_run_serial_outside_the_kernels(monkeypatch):
     """Where OpenMP's threads sleep, a decoding pass of an int8 model runs its small ops on one thread and its
     int8 kernels on the caller's threads; a prefill wider than SERIAL_WIDTH keeps them all. The logits are
     the same bits either way, and the threads come back when a pass raises."""
-    from specdec.models import threads
+    from specdec.models.kernels import threads
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(2)
     model = int8_tiny("qwen2")
     seen: dict[str, list[int]] = {"ops": [], "kernels": []}
     model.hf_model.model.norm.register_forward_hook(lambda *a: seen["ops"].append(torch.get_num_threads()))
-    from specdec.models import int8_vnni
+    from specdec.models.quantized import int8_packed
 
     def spying(kernel):
         def spy(*args, **kwargs):
@@ -135,10 +135,10 @@ def test_int8_decoding_passes_run_serial_outside_the_kernels(monkeypatch):
             return kernel(*args, **kwargs)
         return spy
 
-    # whichever kernel the process runs: fbgemm's op, or the vnni (every layer: its row_parts) / oneDNN row call
+    # whichever kernel the process runs: fbgemm's op, or specdec's (every layer: its row_parts) / oneDNN row call
     monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", spying(torch.ops.quantized.linear_dynamic), raising=False)
-    monkeypatch.setattr(int8_vnni.VnniWeight, "row_parts", spying(int8_vnni.VnniWeight.row_parts))
-    monkeypatch.setattr(int8_kernels.OnednnWeight, "rows", spying(int8_kernels.OnednnWeight.rows))
+    monkeypatch.setattr(int8_packed.PackedInt8Weight, "row_parts", spying(int8_packed.PackedInt8Weight.row_parts))
+    monkeypatch.setattr(int8_matmul.OnednnWeight, "rows", spying(int8_matmul.OnednnWeight.rows))
     seq = SEQ + SEQ[1:] + SEQ[1:]  # 121 tokens
     session, _ = model.start(seq, len(seq) + 8)
     for ids, wide in ((seq[:threads.SERIAL_WIDTH + 6], True), (seq[70:71], False), (seq[71:76], False)):
@@ -247,7 +247,7 @@ def test_onednn_rows_are_the_exact_integer_product():
         pytest.skip("this torch build has no oneDNN int8 kernel")
     g = torch.Generator().manual_seed(1)
     qweight = _int8_weight(64, 200, seed=1)
-    packed = int8_kernels.OnednnWeight(qweight)
+    packed = int8_matmul.OnednnWeight(qweight)
     x = torch.randn(5, 200, generator=g)
     scale = x.abs().amax(dim=1, keepdim=True)
     xq = torch.round(x * (127.0 / scale))
@@ -258,22 +258,22 @@ def test_onednn_rows_are_the_exact_integer_product():
 
 
 def test_the_kernel_is_chosen_once_and_checked(monkeypatch):
-    before = int8_kernels._chosen
+    before = int8_matmul._chosen
     try:
-        monkeypatch.setenv(int8_kernels.ENV, "cublas")
-        int8_kernels._chosen = None
-        with pytest.raises(specdec.SpecDecError, match="unknown int8 kernel 'cublas' .*use one of: vnni, onednn, fbgemm"):
-            int8_kernels.chosen()
-        monkeypatch.setenv(int8_kernels.ENV, KERNELS[-1])
-        int8_kernels._chosen = None
-        assert int8_kernels.chosen() == KERNELS[-1]
-        monkeypatch.setenv(int8_kernels.ENV, KERNELS[0])  # read once: a later change does not switch it
-        assert int8_kernels.chosen() == KERNELS[-1]
-        monkeypatch.delenv(int8_kernels.ENV)
-        int8_kernels._chosen = None
-        assert int8_kernels.chosen() == int8_kernels.default_kernel()
+        monkeypatch.setenv(int8_matmul.ENV, "cublas")
+        int8_matmul._chosen = None
+        with pytest.raises(specdec.SpecDecError, match="unknown int8 kernel 'cublas' .*use one of: specdec, onednn, fbgemm"):
+            int8_matmul.chosen()
+        monkeypatch.setenv(int8_matmul.ENV, KERNELS[-1])
+        int8_matmul._chosen = None
+        assert int8_matmul.chosen() == KERNELS[-1]
+        monkeypatch.setenv(int8_matmul.ENV, KERNELS[0])  # read once: a later change does not switch it
+        assert int8_matmul.chosen() == KERNELS[-1]
+        monkeypatch.delenv(int8_matmul.ENV)
+        int8_matmul._chosen = None
+        assert int8_matmul.chosen() == int8_matmul.default_kernel()
     finally:
-        int8_kernels._chosen = before
+        int8_matmul._chosen = before
 
 
 @pytest.mark.parametrize("kernel", KERNELS, indirect=True)
@@ -321,7 +321,7 @@ def _int8_weight(out_features=48, in_features=32, seed=0):
 
 
 def test_background_packed_linear_waits_for_its_packing():
-    """A preset's int8 layer packs its weight on a thread (specdec.models.quantize); its first use waits."""
+    """A preset's int8 layer packs its weight on a thread (specdec.models.quantized.quantize); its first use waits."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -378,7 +378,7 @@ def test_the_quantized_tensor_deprecation_is_silenced_for_every_thread_by_its_te
     import sys
 
     code = ("import warnings, threading, torch\n"
-            "import specdec.models.int8_weights\n"
+            "import specdec.models.quantized.int8_weights\n"
             "text = ('torch.quantize_per_tensor, torch.quantize_per_channel and other quantized tensor creation '\n"
             "        'functions that produce tensors with dtype torch.quint8 are deprecated')\n"
             "t = threading.Thread(target=lambda: warnings.warn(text, UserWarning)); t.start(); t.join()\n"

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def _settled(name: str) -> specdec.LanguageModel:
     """The preset in int8, its weights packed, and the load's transient copies handed back to the system
     before the next model loads (the two loads' peaks then do not add up)."""
-    from specdec.models.quantize import wait_packed
+    from specdec.models.quantized.quantize import wait_packed
 
     model = specdec.load(name, quantize="int8")
     wait_packed(model.hf_model)

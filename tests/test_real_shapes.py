@@ -16,11 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.models import decoder_step, int8_vnni, row_attention
+from specdec.models.native import decoder_step
+
+from specdec.models.kernels import extension
+
+from specdec.models.native import row_attention
 from test_quantize import SEQ, quantized_copy, steps_and_block
 from tiny import tiny_model, tiny_tokenizer
 
-pytestmark = pytest.mark.skipif(not int8_vnni.cpu_supported(), reason="this CPU runs no specdec kernel")
+pytestmark = pytest.mark.skipif(not extension.cpu_supported(), reason="this CPU runs no specdec kernel")
 
 #: (head dimension, query heads, key/value heads): the 0.5B's and the 1.5B's attention.
 SHAPES = {"0.5b": (64, 14, 2), "1.5b": (128, 12, 2)}
@@ -31,15 +35,15 @@ CASES = ((9, 5), (1, 3), (20, 8), (3, 16))  # (prefix, block): a block after a r
 def code_paths() -> list[str]:
     """The kernel code this machine can run: its AVX-512 code (with and without AMX tiles where it has them) and
     the AVX2 code (which every AVX-512 VNNI CPU runs too)."""
-    if int8_vnni.kernel_isa() != "avx512":
+    if extension.kernel_isa() != "avx512":
         return ["avx2"]
-    return ["avx512", "avx2"] + (["avx512-no-tiles"] if int8_vnni.has_amx() else [])
+    return ["avx512", "avx2"] + (["avx512-no-tiles"] if extension.has_amx() else [])
 
 
 @contextlib.contextmanager
 def code(path: str, monkeypatch) -> None:
-    monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "0" if path == "avx512-no-tiles" else str(int8_vnni.AMX_FROM))
-    with int8_vnni.avx2_code(path == "avx2"):
+    monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "0" if path == "avx512-no-tiles" else str(extension.AMX_FROM))
+    with extension.avx2_code(path == "avx2"):
         yield
 
 
@@ -53,8 +57,8 @@ def _mixed(shape: str, folder):
     256-multiple inputs are Q4_K (the float weights set to their values) and the rest Q8_0 (int8 in the model)."""
     import gguf
 
-    from specdec.models.int4_vnni import int4_weights
-    from specdec.models.int8_storage import save_quantized
+    from specdec.models.quantized.int4 import int4_weights
+    from specdec.models.formats.stored import save_quantized
     from test_native_model import loaded
 
     hf = _hf(shape)
@@ -132,10 +136,10 @@ def _logits(m) -> torch.Tensor:
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_the_avx2_code_gives_the_avx512_codes_bits_at_the_real_shapes(shape, method, monkeypatch):
-    if int8_vnni.kernel_isa() != "avx512":
+    if extension.kernel_isa() != "avx512":
         pytest.skip("this CPU runs the AVX2 code only")
     m = model(shape, method)
-    ext = int8_vnni.extension()
+    ext = extension.loaded()
     with code("avx512", monkeypatch):
         wide = _logits(m)
     with code("avx2", monkeypatch):

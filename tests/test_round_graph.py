@@ -202,7 +202,7 @@ def test_a_prepared_model_prefills_through_captured_chunks(positions, chunks, em
     """The prompt (less its last token, which the first round feeds) runs through the captured prefill widths
     that fit the capacity (positions + the widest step): the narrowest that holds it, else chunks of the
     widest; none fits a small capacity, and the prefill runs eagerly. The tokens are plain decoding's."""
-    from specdec.models import graphs
+    from specdec.models.sessions import graphs
 
     model = tiny_model("qwen2", eos=None)
     model.config.max_position_embeddings = 1024  # room for prompts past the widest step

@@ -134,7 +134,7 @@ def test_serve_command_exits_with_the_load_error(capsys, tmp_path):
 def test_serve_options():
     args = cli.build_parser().parse_args(["serve"])
     from specdec.config import DEFAULT_TARGET
-    from specdec.models.int8_vnni import cpu_supported
+    from specdec.models.kernels.extension import cpu_supported
 
     assert (args.host, args.port, args.max_queue, args.device, args.target) == ("127.0.0.1", 8000, 16, None, DEFAULT_TARGET)
     cpu = cli.build_parser().parse_args(["serve", "--device", "cpu"])

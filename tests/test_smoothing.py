@@ -1,10 +1,10 @@
-"""SmoothQuant-style smoothing (specdec.models.smoothing): the same function, flatter inputs, clear errors."""
+"""SmoothQuant-style smoothing (specdec.models.quantized.smoothing): the same function, flatter inputs, clear errors."""
 
 import pytest
 import torch
 
 from specdec.errors import SpecDecError
-from specdec.models.smoothing import activation_maxima, smooth
+from specdec.models.quantized.smoothing import activation_maxima, smooth
 
 
 def tiny(kind: str):

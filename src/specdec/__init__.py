@@ -29,7 +29,7 @@ if "torch" not in _sys.modules and "OMP_WAIT_POLICY" not in _os.environ:
 from specdec.acceptance import greedy_verification, residual_distribution, speculative_sampling  # noqa: E402
 from specdec.config import GenerationConfig  # noqa: E402
 from specdec.decoding import GenerationOutput, RoundEvent, generate  # noqa: E402
-from specdec.batching import BatchEngine, generate_batch  # noqa: E402
+from specdec.batch.engine import BatchEngine, generate_batch  # noqa: E402
 from specdec.errors import ModelPackageMissing, SpecDecError  # noqa: E402
 from specdec.models import LanguageModel, load  # noqa: E402
 from specdec.sampling import SamplingParams, standardize  # noqa: E402

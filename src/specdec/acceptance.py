@@ -181,7 +181,7 @@ class Verification:
 def read_batch(results: Sequence[Verification], drafted: Sequence[torch.Tensor] | None = None
                ) -> list[tuple[list[int], int, list[float], list[int]]]:
     """Every row's (emitted tokens, n, verified betas, drafted ids) in one device-to-host copy for a batch
-    (:mod:`specdec.batching`); drafted ids only when ``drafted`` ([g_i] per row) is given, else []."""
+    (:mod:`specdec.batch.engine`); drafted ids only when ``drafted`` ([g_i] per row) is given, else []."""
     parts = []
     for i, r in enumerate(results):
         parts += [r.n.reshape(1).double(), r.tokens.double(), r.betas.double()]

@@ -42,7 +42,7 @@ from specdec.sweeps.options import (
 )
 from specdec.sweeps.pool import ModelPool, build_draft, check_models, corpus_ids, is_model_spec, needs_corpus
 from specdec.drafters import plan_draft
-from specdec.bench.formatting import fmt, short
+from specdec.analysis.values import fmt, short
 from specdec.sweeps.machine import dtype_name, machine_info
 from specdec.tasks import encode_item, has_chat_template, load_task, ngram_corpus
 from specdec.drafters import DraftContext, make_drafter

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from specdec.models.graphs import MAX_GRAPH_WIDTH, bucket_for
+from specdec.models.sessions.graphs import MAX_GRAPH_WIDTH, bucket_for
 from specdec.round_graph import GIVEN, GREEDY, LOOKUP, LOOKUP_NGRAMS, RoundGraph, planned_draft
 from specdec.sampling import SamplingParams
 

@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from specdec.errors import SpecDecError
-from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the packaged pair (same tokenizer)
+from specdec.models.formats.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the packaged pair (same tokenizer)
+# the target's quantization when none is asked: the catalog's (load() applies it), named here with the other defaults
+from specdec.models.formats.catalog import default_target_quantize
 from specdec.sampling import SamplingParams
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR",
@@ -29,16 +31,9 @@ __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR"
 # int8's; alpha 0.935 against 0.940 on HumanEval, docs/cpu_default.md), elsewhere in int8 (through fbgemm where the kernels do not run), else unquantized.
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
 DEFAULT_DRAFT_QUANTIZE_VNNI = "int4"
-# The packaged target on CPU: block-invariant (exact: speculative output = its own plain decoding). Where the CPU
-# has AVX-512 VNNI, int4-mixed: the GGUF's Q4_K tensors in int4 exactly, the rest in int8; on AVX2 without it, every
-# layer in int4 (its int8 layers' five-token passes cost 2.8x one there: compute-bound); both with their quality
-# against bf16 and llama.cpp's Q4_K_M in docs/int4.md. Elsewhere int8 (docs/int8_target.md).
-DEFAULT_TARGET_QUANTIZE_CPU = "int8"
-DEFAULT_TARGET_QUANTIZE_VNNI = "int4-mixed"
-DEFAULT_TARGET_QUANTIZE_AVX2 = "int4"
 # On CPU the default draft model is drafted for in turn by prompt lookup (free): a hierarchy (docs/cpu_default.md).
 DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
-# ... its head cut to the first 65,536 ids (specdec.models.draft_head, '@65536' in a spec; exact) where it runs in
+# ... its head cut to the first 65,536 ids (specdec.models.quantized.draft_head, '@65536' in a spec; exact) where it runs in
 # int4: 1.06x and 1.02x the whole head's speed in two runs on the AVX-512 EPYC (alpha 0.928 against 0.945; the int4
 # body is cheap, so the head is a larger share of a step), docs/cpu_default.md. The int8 draft keeps its whole head
 # (0.97x on a quiet AMX Xeon, alpha 0.926 against 0.947). None: the whole head.
@@ -59,13 +54,14 @@ def default_draft(device: Any = None) -> str:
     --max-batch N``) drafts its rows with the top model (``qwen2.5-coder-0.5b:int4@65536``: 1.09-1.29x the int8
     0.5B's speed at 1 and 2 rows, 0.96-1.06x at 8: docs/serving.md), and a lone row with all of it."""
     from specdec.devices import resolve_device
-    from specdec.models import int8_kernels, int8_vnni
+    from specdec.models.kernels import int8_matmul
+    from specdec.models.kernels import extension
 
     if resolve_device(device).type != "cpu":
         return DEFAULT_DRAFT
-    vnni = int8_vnni.usable_isa() is not None
-    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if vnni else DEFAULT_DRAFT_QUANTIZE_CPU if int8_kernels.has_fbgemm() else None
-    vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if vnni else DEFAULT_DRAFT_VOCABULARY_CPU
+    kernels = extension.usable_isa() is not None
+    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if kernels else DEFAULT_DRAFT_QUANTIZE_CPU if int8_matmul.has_fbgemm() else None
+    vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if kernels else DEFAULT_DRAFT_VOCABULARY_CPU
     head = f"@{vocabulary}" if vocabulary else ""
     model = f"{DEFAULT_DRAFT}:{quantize}{head}" if quantize else DEFAULT_DRAFT
     return f"{model}<-{DEFAULT_DRAFT_INNER_CPU}"
@@ -86,24 +82,6 @@ def preset_draft(target: Any) -> Any:
 
         target.default_draft = plan_draft(default_draft(target.device)).load(target).draft
     return target.default_draft
-
-
-def default_target_quantize(target: Any, device: Any = None, dtype: Any = None) -> str | None:
-    """The quantization of a target loaded without one asked (CLI, server): the packaged default target on CPU
-    runs quantized and block-invariant (int4-mixed where specdec's kernels run their AVX-512 VNNI code, int4 where
-    they run their AVX2 code; where they do not run, as the CPU lacks AVX2, the build failed or ``SPECDEC_KERNELS=off``,
-    int8 through fbgemm where torch has it, else the float model: None), unless a dtype is asked; any other target,
-    or another device, as it is."""
-    from specdec.devices import resolve_device
-    from specdec.models import int8_kernels, int8_vnni
-
-    if target != DEFAULT_TARGET or dtype is not None or resolve_device(device).type != "cpu":
-        return None
-    by_isa = {"avx512": DEFAULT_TARGET_QUANTIZE_VNNI, "avx2": DEFAULT_TARGET_QUANTIZE_AVX2}
-    isa = int8_vnni.usable_isa()  # what really runs: where the kernels do not build, what runs without them
-    if isa is not None:
-        return by_isa[isa]
-    return DEFAULT_TARGET_QUANTIZE_CPU if int8_kernels.has_fbgemm() else None
 
 
 @dataclass(frozen=True)

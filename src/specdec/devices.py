@@ -8,12 +8,23 @@ adaptive schedule, benchmarks) goes through it.
 
 from __future__ import annotations
 
+import os
+import pathlib
 import time
 from typing import Any
 
 import torch
 
 from specdec.errors import SpecDecError
+
+
+def cache_root() -> pathlib.Path:
+    """Where specdec keeps what it makes once per machine (converted models, built kernels): ``$SPECDEC_CACHE`` if
+    set, else ``~/.cache/specdec``."""
+    env = os.environ.get("SPECDEC_CACHE")
+    if env:
+        return pathlib.Path(env).expanduser()
+    return pathlib.Path.home() / ".cache" / "specdec"
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 

@@ -52,14 +52,14 @@ from specdec.counter_random import MASK32, PositionalRandom
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter, draft_token
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
-from specdec.models import graphs
-from specdec.models.graphs import WARMUP_RUNS, bucket_for
+from specdec.models.sessions import graphs
+from specdec.models.sessions.graphs import WARMUP_RUNS, bucket_for
 from specdec.rounds import Round
 from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from specdec.models.causal import LanguageModel
-    from specdec.models.static_cache import StaticKVCache
+    from specdec.models.cache.static_cache import StaticKVCache
 
 GRAPHED_SCHEDULES = ("constant", "heuristic")  # they choose gamma from acceptances alone, not from phase times
 GIVEN = "given"  # the plan's name for rounds whose drafts come from outside the graph (any drafter, greedy)

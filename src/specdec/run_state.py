@@ -1,7 +1,7 @@
 """One sequence's state through the rounds, and the rules both engines apply to it.
 
-A generation alone (:mod:`specdec.decoding`, its ``_Run``) and a row of a batch (:mod:`specdec.batching`,
-:class:`~specdec.batch_row.BatchRow`) are each a :class:`RunState`: the prompt, the decoded sequence (on the
+A generation alone (:mod:`specdec.decoding`, its ``_Run``) and a row of a batch (:mod:`specdec.batch.engine`,
+:class:`~specdec.batch.row.BatchRow`) are each a :class:`RunState`: the prompt, the decoded sequence (on the
 host and on the device), the budget, the sampling generator, the draft and its gamma schedule, the stats and
 the callbacks. :func:`append_tokens` adds a round's tokens to either (the one rule for a sequence's end: EOS,
 a stop string, the budget, the context) and :func:`finish_output` turns either into its
@@ -108,7 +108,7 @@ class RunState:
     stop_text: str | None = None
     carried: torch.Tensor | None = None  # [1, V] the last position's logits from the prefill (first round only)
     constraint: Any = None  # structured output: the sequence's specdec.constraints.Constraint
-    # the one-sequence engine's (specdec.decoding: a generation alone, and a batch's lone row, specdec.batch_alone):
+    # the one-sequence engine's (specdec.decoding: a generation alone, and a batch's lone row, specdec.batch.alone):
     # the target's session of its own, the round clock, the next round launched before this one was read (graphs)
     session: Any = None
     clock: Any = None

@@ -260,7 +260,7 @@ class ConfidenceSchedule(GammaSchedule):
 
 
 class BatchGamma:
-    """The adaptive schedule of a batch (:mod:`specdec.batching`): one gamma for the rows that use it,
+    """The adaptive schedule of a batch (:mod:`specdec.batch.engine`): one gamma for the rows that use it,
     from the batch's measured costs.
 
     Each such row keeps its alpha (:class:`RowAlpha`, an :class:`AlphaEstimate` as the one-sequence

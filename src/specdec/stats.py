@@ -57,6 +57,15 @@ class RoundTally:
     def alpha(self) -> float | None:
         return self.beta_sum / self.beta_count if self.beta_count else None
 
+    def named(self, *names: str) -> dict[str, Any]:
+        """{name: its value} for the fields and properties ``names`` (a record's keys named as the attributes)."""
+        return {name: getattr(self, name) for name in names}
+
+    def tally_dict(self) -> dict[str, Any]:
+        """The tally's part of a record (to_dict): drafted, accepted, their rates, alpha."""
+        return {"drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
+                "acceptance_per_position": self.acceptance_per_position, "alpha": self.alpha}
+
 
 @dataclass
 class GenerationStats(RoundTally):
@@ -114,17 +123,9 @@ class GenerationStats(RoundTally):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "new_tokens": self.new_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "target_calls": self.target_calls,
-            "draft_calls": self.draft_calls,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": self.acceptance_rate,
-            "acceptance_per_position": self.acceptance_per_position,
+            **self.named("new_tokens", "prompt_tokens", "cached_tokens", "target_calls", "draft_calls"),
+            **self.tally_dict(),
             "mean_accepted_length": self.mean_accepted_length,
-            "alpha": self.alpha,
             "time_draft_s": self.time_draft,
             "time_target_s": self.time_target,
             "time_prefill_s": self.time_prefill,
@@ -217,14 +218,8 @@ class LevelStats(RoundTally):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "level": self.level,
-            "calls": self.calls,
-            "draft_calls": self.draft_calls,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": self.acceptance_rate,
-            "acceptance_per_position": self.acceptance_per_position,
-            "alpha": self.alpha,
+            **self.named("level", "calls", "draft_calls"),
+            **self.tally_dict(),
             "new_tokens": self.new_tokens,
             "tokens_per_call": self.new_tokens / self.calls if self.calls else None,
             "time_verify_s": self.time_verify,

@@ -2,7 +2,7 @@
 
 Every row of a beam batch has the same length (beam search extends all running beams by one token,
 and the tree paths are padded to one length), so the batch is one
-:class:`~specdec.models.static_cache.StaticKVCache` whose buffers are [R, H_kv, C, D] (allocated by
+:class:`~specdec.models.cache.static_cache.StaticKVCache` whose buffers are [R, H_kv, C, D] (allocated by
 the first pass with its batch size R) and one length shared by the rows:
 
 - feeding k tokens per row writes them at positions [length, length + k); the masks [1, 1, k, C]
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from specdec.models import LanguageModel
-from specdec.models.kv_cache import cache_keyword
-from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache
+from specdec.models.cache.kv_cache import cache_keyword
+from specdec.models.cache.static_cache import MIN_CAPACITY, StaticKVCache
 
 
 def initial_capacity(prompt_length: int, limit: int) -> int:

@@ -35,7 +35,7 @@ The package is the measuring core, by job:
   loads once; :mod:`~specdec.bench.measuring`: the measuring loop of a unit; :mod:`~specdec.bench.document`:
   the result document; :mod:`~specdec.bench.methods`: each method behind one call;
   :mod:`~specdec.bench.timing`: synchronized timing and step costs;
-- :mod:`~specdec.bench.aggregation`: totals, comparisons, rows; :mod:`~specdec.bench.theory`: Theorem 8
+- :mod:`~specdec.bench.aggregation`: totals, comparisons, rows; :mod:`~specdec.analysis.theorem8`: Theorem 8
   beside the measurement.
 
 What it builds on and what builds on it: :mod:`specdec.tasks` (prompts, references, metrics),

@@ -3,15 +3,15 @@
 Conventions: tokens/s of a method = all its new tokens / all its timed seconds (over every prompt
 and repeat). Speedup of A vs B = tokens/s of A / tokens/s of B, both measured in the same run.
 Alpha, acceptance rate and mean accepted length (bonus token included) follow :mod:`specdec.stats`.
-The rows (paper Table 2 / Table 4 form) carry the Theorem 8 check of :mod:`specdec.bench.theory`.
+The rows (paper Table 2 / Table 4 form) carry the Theorem 8 check of :mod:`specdec.analysis.theorem8`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from specdec.bench import theory
-from specdec.bench.formatting import ratio
+from specdec.analysis import theorem8
+from specdec.analysis.values import ratio
 from specdec.bench.grid import Cell
 from specdec.bench.methods import Trial
 from specdec.bench.timing import StepCosts
@@ -197,7 +197,7 @@ def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list
             else:
                 gamma, gamma_note = max(1, round(drafted_per_call)), "mean drafted per call, rounded"
             ratio = costs.verify_cost_ratio(gamma) if costs else None
-            check = theory.compare(alpha=m.get("alpha"), gamma=gamma, c=c, plain=plain, spec=m,
+            check = theorem8.compare(alpha=m.get("alpha"), gamma=gamma, c=c, plain=plain, spec=m,
                                    verify_cost_ratio=ratio) if plain else None
             row.update(c=c, c_direct=c_direct, c_loop=c_loop, c_source=c_source,
                        gamma_for_prediction=gamma, gamma_for_prediction_is=gamma_note,
@@ -205,6 +205,6 @@ def grid_rows(task: Task, temperature: float, block: dict[str, Any], cells: list
                        predicted_speedup=check and check.get("predicted"),
                        measured_over_predicted=check and check.get("ratio"),
                        within_15pct=check and check.get("within_tolerance"),
-                       theorem8=check, check=theory.explain(check) if check else None)
+                       theorem8=check, check=theorem8.explain(check) if check else None)
         rows.append(row)
     return rows

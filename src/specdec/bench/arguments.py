@@ -1,6 +1,6 @@
 """The options of ``specdec bench``.
 
-Defaults are declared once: the models in :mod:`specdec.models.catalog`, gamma and temperature in
+Defaults are declared once: the models in :mod:`specdec.models.formats.catalog`, gamma and temperature in
 :class:`specdec.config.GenerationConfig`, what every measuring command shares in
 :mod:`specdec.sweeps.options`, the rest here.
 """

@@ -1,6 +1,6 @@
 """The batch axis of ``specdec bench`` (``--batch-sizes 1,4,8``), and Theorem 8 extended to a batch.
 
-Every prompt of the task goes through the batch engine (:mod:`specdec.batching`) with at most B rows at
+Every prompt of the task goes through the batch engine (:mod:`specdec.batch.engine`) with at most B rows at
 once (continuous batching: a prompt joins as a row finishes), plain and with each draft at each constant
 gamma and each varying schedule of the grid (``--gamma-schedules constant,adaptive --gamma 6``: the batch's shared
 adaptive gamma, :class:`specdec.schedules.BatchGamma`), at every B. A round over B rows makes gamma draft steps over
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdec.analysis import expected_tokens
-from specdec.bench.formatting import ratio
+from specdec.analysis.values import ratio
 from specdec.bench.grid import Cell
 from specdec.bench.timing import timed
 from specdec.config import GenerationConfig
@@ -38,7 +38,7 @@ def batch_cells(cells: list[Cell]) -> list[Cell]:
 def run_batch(target: Any, draft: Any, cell: Cell, prompts: list[list[int]], batch: int, temperature: float,
               max_new_tokens: int, seed: int) -> dict[str, Any]:
     """One timed run of every prompt through the batch engine, at most ``batch`` rows at once."""
-    from specdec.batching import batch_engine
+    from specdec.batch.engine import batch_engine
 
     config = GenerationConfig.from_options(gamma=cell.gamma or 1, gamma_schedule=cell.schedule,
                                            temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)

@@ -9,7 +9,7 @@ from typing import Any
 
 from specdec.bench.aggregation import compare, grid_rows, speedups, summarize
 from specdec.bench.batch_axis import batch_rows
-from specdec.bench.formatting import short
+from specdec.analysis.values import short
 from specdec.bench.grid import Cell, skipped_assisted
 from specdec.bench.loading import Loaded
 from specdec.bench.measuring import WARMUP_TOKENS, public_record

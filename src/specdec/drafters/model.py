@@ -77,7 +77,7 @@ class ModelDrafter(SessionDrafter):
 
     def start(self, context: DraftContext, session: Any = None) -> None:
         """Open this generation's session and cache the prompt but its last token; ``session``: one that holds a
-        prefix of the sequence already (a batch row going on alone, :mod:`specdec.batch_alone`): no prefill,
+        prefix of the sequence already (a batch row going on alone, :mod:`specdec.batch.alone`): no prefill,
         the first proposal catches up what it lacks."""
         super().start(context)
         self.close()

@@ -128,7 +128,7 @@ class DraftPlan:
                 except SpecDecError as err:
                     raise as_draft_error(err, plain=True) from None
                 if level.vocabulary is not None:  # a cheaper head over the first N ids (still exact)
-                    from specdec.models.draft_head import restricted_draft
+                    from specdec.models.quantized.draft_head import restricted_draft
 
                     model = restricted_draft(model, level.vocabulary)
                 level = DraftLevel(model, None)

@@ -36,7 +36,7 @@ from specdec.drafters.base import Draft, DraftContext, DrafterStats, StepWidths
 from specdec.drafters.model import SessionDrafter
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel
-from specdec.models.session import common_prefix_length
+from specdec.models.sessions.session import common_prefix_length
 from specdec.sampling import argmax, sample, standardize
 
 INCOMPLETE = "\ufffd"  # what a decoder writes for the bytes of a character that is not complete yet

@@ -7,7 +7,7 @@
                                       only; without it the model runs unquantized; llama-cpp: its GGUF in
                                       llama.cpp); N: the model
                                       drafts from its vocabulary's first N ids only (and its end-of-sequence
-                                      ids; a cheaper head, still exact: specdec.models.draft_head), e.g. 65536
+                                      ids; a cheaper head, still exact: specdec.models.quantized.draft_head), e.g. 65536
 
 The grammar only; :mod:`specdec.drafters.plan` resolves a spec (or any ``draft=``) once into the plan that
 is checked, loaded and built. E.g. ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-0.5b:int8``, ``qwen2.5-coder-0.5b:int8<-prompt-lookup`` (quote

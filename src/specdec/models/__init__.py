@@ -56,11 +56,11 @@ def load(
     dtype: ``"bf16"`` (default for float models: fastest on CPU), ``"fp32"`` (exact comparisons), ``"fp16"``.
       Neither a dtype nor ``quantize`` given, the packaged target (``qwen2.5-coder-1.5b``) on CPU loads as the CLI
       and the server run it: quantized, exact, on specdec's kernels (int4-mixed with AVX-512 VNNI, int4 with AVX2,
-      else int8: :func:`specdec.config.default_target_quantize`); ``dtype="bf16"`` gives the float model.
+      else int8: :func:`specdec.models.formats.catalog.default_target_quantize`); ``dtype="bf16"`` gives the float model.
     quantize: None, ``"int8"`` or ``"int8-tensor"``: int8 linear layers and row-wise attention, CPU only
-      (:mod:`specdec.models.quantize`): a block-invariant model, exact as a target (its speculative output
+      (:mod:`specdec.models.quantized.quantize`): a block-invariant model, exact as a target (its speculative output
       equals its own plain decoding) and a cheap draft. ``"int4"``: 4-bit weights on specdec's kernel (AVX-512 VNNI
-      or AVX2) (:mod:`specdec.models.int4_vnni`), block-invariant too, half int8's bytes: the cheapest draft. ``"llama-cpp"``: a preset's GGUF (or a .gguf file)
+      or AVX2) (:mod:`specdec.models.quantized.int4`), block-invariant too, half int8's bytes: the cheapest draft. ``"llama-cpp"``: a preset's GGUF (or a .gguf file)
       run by llama.cpp (:mod:`specdec.models.llama_cpp`), for drafts only (needs ``specdec[llama]``).
     device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. None: auto
       for a model loaded by name; a model object stays where it is.
@@ -80,7 +80,7 @@ def load(
             source.configure(engine, cuda_graphs, compile)
         return source
     if quantize is None and dtype is None and isinstance(source, (str, os.PathLike)) and source_kind(str(source)) == "preset":
-        from specdec.config import default_target_quantize  # (config reads the catalog: imported here)
+        from specdec.models.formats.catalog import default_target_quantize
 
         quantize = default_target_quantize(str(source), device)  # the packaged target on CPU: the exact quantized one
     target_device = resolve_device(device) if device is not None else None
@@ -127,7 +127,7 @@ def _load_llama_cpp(source: Any, tokenizer: Any, name: str | None) -> Any:
     text = str(source) if isinstance(source, (str, os.PathLike)) else ""
     kind = source_kind(text) if text else None
     if kind == "preset":
-        from specdec.models.presets import converted_folder, preset_gguf, resolve_preset
+        from specdec.models.formats.presets import converted_folder, preset_gguf, resolve_preset
 
         gguf = preset_gguf(text)
         folder = converted_folder(text) or resolve_preset(text, variant="int8")  # (for its tokenizer files)
@@ -146,17 +146,17 @@ def _load_llama_cpp(source: Any, tokenizer: Any, name: str | None) -> Any:
 
 def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: str, device: torch.device,
                  engine: str | None, cuda_graphs: bool | None, compile: bool) -> LanguageModel:
-    """A preset from its cached weights in the form they run in (see specdec.models.presets.VARIANTS):
+    """A preset from its cached weights in the form they run in (see specdec.models.formats.presets.VARIANTS):
     bf16 from a bf16 file, fp32 (and fp16, rounded from it) from the exact float32 file, both copied into
-    process memory chunk by chunk (specdec.models.checkpoint: steps from a memory-mapped file were slower),
+    process memory chunk by chunk (specdec.models.formats.checkpoint: steps from a memory-mapped file were slower),
     int8 from the stored int8 layers (no float32 copy of them is made)."""
-    from specdec.models.presets import VARIANTS, resolve_preset
+    from specdec.models.formats.presets import VARIANTS, resolve_preset
 
     started = time.perf_counter()
     if quantize is not None:
-        from specdec.models.int8_storage import load_quantized
-        from specdec.models.int8_weights import check_method
-        from specdec.models.quantize import mark_quantized
+        from specdec.models.formats.stored import load_quantized
+        from specdec.models.quantized.int8_weights import check_method
+        from specdec.models.quantized.quantize import mark_quantized
 
         check_method(quantize)
         folder = resolve_preset(preset, variant=quantize)
@@ -165,7 +165,7 @@ def _load_preset(preset: str, dtype: torch.dtype, quantize: str | None, name: st
                         cuda_graphs, compile)
         mark_quantized(wrapped, quantize)  # (CPU only: load() refused quantize on another device)
     else:
-        from specdec.models.checkpoint import load_dense
+        from specdec.models.formats.checkpoint import load_dense
 
         variant = "bf16" if dtype == torch.bfloat16 else "fp32"
         folder = resolve_preset(preset, variant=variant)
@@ -205,7 +205,7 @@ def _wrap(model: Any, tokenizer: Any, name: str | None, quantize: str | None, en
     else:
         wrapped = LanguageModel(model, tokenizer, name)
     if quantize is not None:
-        from specdec.models.quantize import quantize_model
+        from specdec.models.quantized.quantize import quantize_model
 
         quantize_model(wrapped, quantize)
     if engine is not None or cuda_graphs is not None or compile:

@@ -1,7 +1,7 @@
 """Decoder-only (causal) language models behind specdec's small model interface.
 
 A :class:`LanguageModel` pairs a Hugging Face model with its tokenizer and says how it runs: on
-which device, with which cache (``engine``: "dynamic" or "static", see :mod:`specdec.models.session`),
+which device, with which cache (``engine``: "dynamic" or "static", see :mod:`specdec.models.sessions.session`),
 with CUDA graphs or not, compiled or not. :meth:`LanguageModel.start` opens a session (one
 sequence's KV cache) on it.
 """
@@ -16,8 +16,8 @@ import torch
 
 from specdec.devices import module_device
 from specdec.errors import SpecDecError
-from specdec.models import graphs
-from specdec.models.graphs import (
+from specdec.models.sessions import graphs
+from specdec.models.sessions.graphs import (
     MAX_GRAPH_WIDTH,
     PREFILL_BUCKETS,
     CapturedPrefill,
@@ -27,10 +27,10 @@ from specdec.models.graphs import (
     static_step,
 )
 from specdec.models.interface import Model
-from specdec.models.kv_cache import cache_keyword
-from specdec.models.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
+from specdec.models.cache.kv_cache import cache_keyword
+from specdec.models.sessions.session import DynamicSession, ModelSession, StaticSession, common_prefix_length
 from specdec.models.fused_linear import fuse_siblings
-from specdec.models.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
+from specdec.models.cache.static_cache import MIN_CAPACITY, StaticKVCache, capacity_for
 from specdec.text import fast_decoder, piece_bytes
 
 ENGINES = ("dynamic", "static")
@@ -76,11 +76,14 @@ def new_token_limit(n_prompt: int, max_new_tokens: int, max_context: int | None,
 
 class LanguageModel(Model):
     """A causal language model and its tokenizer, as used by drafters and the decoding loop. Unquantized
-    until :mod:`specdec.models.quantize` sets ``quantization`` and ``block_invariant`` (defaults: :class:`Model`)."""
+    until :mod:`specdec.models.quantized.quantize` sets ``quantization`` and ``block_invariant`` (defaults: :class:`Model`)."""
+
+    #: What building this class from the other kind of model says (the seq2seq backend has its own).
+    wrong_kind = "this is an encoder-decoder model; load it with specdec.load(), which picks the seq2seq backend"
 
     def __init__(self, hf_model: Any, tokenizer: Any, name: str | None = None):
-        if getattr(hf_model.config, "is_encoder_decoder", False):
-            raise SpecDecError("this is an encoder-decoder model; load it with specdec.load(), which picks the seq2seq backend")
+        if bool(getattr(hf_model.config, "is_encoder_decoder", False)) != self.is_encoder_decoder:
+            raise SpecDecError(self.wrong_kind)
         self.hf_model = hf_model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
@@ -113,11 +116,11 @@ class LanguageModel(Model):
         if self.cuda_graphs:  # batch-1 GPU steps are bound by kernel count: sibling projections as one GEMM each
             fuse_siblings(self.hf_model)
         if self.block_invariant:
-            from specdec.models import lean_attention
-            from specdec.models.row_attention import use_row_attention
+            from specdec.models.native import lean_attention
+            from specdec.models.native.row_attention import use_row_attention
 
             use_row_attention(self.hf_model)
-            lean_attention.install(self.hf_model)  # where the vnni extension runs it: fewer ops, the same bits
+            lean_attention.install(self.hf_model)  # where specdec's extension runs it: fewer ops, the same bits
         self._caches: list[tuple[StaticKVCache, bool]] = []  # (cache, in use): the static caches, reused
         self.capacity: int | None = None  # positions of every cache, fixed by prepare_steps (None: sized per generation)
         self._graph_pool: Any = None  # the CUDA graph memory pool all this model's captured steps share
@@ -195,7 +198,7 @@ class LanguageModel(Model):
         return session_class(self, max_positions), list(prompt_ids)
 
     def prepare_steps(self, max_positions: int | None = None, max_width: int | None = None) -> list[int]:
-        """Fix the capture plan now (:mod:`specdec.models.graphs`): every cache holds ``max_positions``
+        """Fix the capture plan now (:mod:`specdec.models.sessions.graphs`): every cache holds ``max_positions``
         positions (default: the model's context) plus the widest padded step, and the width buckets up to
         that of ``max_width``, the widest step the plan runs (default: every bucket), are captured (and with
         ``compile``, compiled), largest first into one memory pool. Later generations of up to
@@ -257,7 +260,7 @@ class LanguageModel(Model):
 
     @property
     def step_function(self) -> Callable[..., Any]:
-        """The fixed-shape step (:func:`~specdec.models.graphs.static_step`, or its compiled form with ``compile``)."""
+        """The fixed-shape step (:func:`~specdec.models.sessions.graphs.static_step`, or its compiled form with ``compile``)."""
         return self._step
 
     def graph_pool(self) -> Any:

@@ -42,7 +42,7 @@ def load_dtype(dtype: str | torch.dtype | None, quantize: str | None = None) -> 
 
 
 def preset_names() -> list[str]:
-    from specdec.models.catalog import PRESETS
+    from specdec.models.formats.catalog import PRESETS
 
     return list(PRESETS)
 
@@ -104,17 +104,17 @@ def check_prompt(source: str | os.PathLike, prompt: str, *, chat: bool = False) 
 
     kind = source_kind(source)
     if kind == "preset":
-        from specdec.models.presets import converted_folder
+        from specdec.models.formats.presets import converted_folder
 
         folder = converted_folder(str(source))
     else:
         folder = Path(str(source)).expanduser() if kind == "folder" else None
     if folder is None:
         return None
-    from specdec.models import native
+    from specdec.models.native import causal_lm
 
-    if kind == "preset" and native.wanted():  # (`specdec generate`: its config without transformers' auto classes)
-        config = native.read_config(folder)
+    if kind == "preset" and causal_lm.wanted():  # (`specdec generate`: its config without transformers' auto classes)
+        config = causal_lm.read_config(folder)
     else:
         from transformers import AutoConfig
 
@@ -141,10 +141,10 @@ def check_quantize(quantize: str | None, device: torch.device | None) -> None:
         if device is not None and device.type != "cpu":
             raise SpecDecError("quantize='llama-cpp' runs on the CPU; drop it for a GPU")
         return
-    from specdec.models.int8_weights import check_method
+    from specdec.models.quantized.int8_weights import check_method
 
     check_method(quantize)
-    from specdec.models.int4_vnni import check_cpu
+    from specdec.models.quantized.int4 import check_cpu
 
     check_cpu(quantize)
     if (device or resolve_device("auto")).type != "cpu":

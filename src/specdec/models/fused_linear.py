@@ -1,5 +1,5 @@
 """Sibling float linear layers run as one GEMM on a GPU: the attention's q, k and v projections, the MLP's
-gate and up (:data:`~specdec.models.int8_fusion.FUSED_SIBLINGS`, the same sets the int8 target fuses on CPU).
+gate and up (:data:`~specdec.models.quantized.int8_fusion.FUSED_SIBLINGS`, the same sets the int8 target fuses on CPU).
 
 At batch 1 a GPU step is bound by kernel count and latency, not by weights: the 1.5B's k and v projections
 (0.8 MB each) take as long as its q projection, and 15 of a layer's 19 kernels move little data (device-side
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from specdec.models.int8_fusion import FUSED_SIBLINGS
+from specdec.models.quantized.int8_fusion import FUSED_SIBLINGS
 
 
 class _Holder:

@@ -22,7 +22,7 @@ class Model(abc.ABC):
     tokenizer: Any  # the transformers tokenizer (llama.cpp models too: specdec compares vocabularies with it)
     vocab_size: int
     is_encoder_decoder: bool = False
-    quantization: str | None = None  # None, "int8", "int8-tensor" (specdec.models.quantize) or "llama-cpp"
+    quantization: str | None = None  # None, "int8", "int8-tensor" (specdec.models.quantized.quantize) or "llama-cpp"
     # True when a k-token pass gives each position the logits of k one-token steps, bit for bit (the int8
     # models: Int8Linear layers and row-wise attention): such a target's speculative output is its plain one
     block_invariant: bool = False

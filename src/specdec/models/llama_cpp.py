@@ -46,7 +46,9 @@ def extra_buffers_default(cpu_flags: Sequence[str], setting: str | None, amx_in_
     CPU as on the AVX-512 EPYC (docs/cpu_default.md)."""
     value = (setting or "").strip()
     if not value:
-        return not ("amx_tile" in cpu_flags and amx_in_build)
+        from specdec.models.kernels.cpu import has_amx
+
+        return not (has_amx(cpu_flags) and amx_in_build)
     if value not in ("0", "1"):
         raise SpecDecError(f"SPECDEC_LLAMA_EXTRA_BUFFERS must be 0 or 1, not {setting!r}")
     return value == "1"
@@ -73,7 +75,7 @@ def configuration(extra_buffers: bool | None = None) -> dict[str, Any]:
 
 
 def _extra_buffers(amx_in_build: bool) -> bool:
-    from specdec.models.cpu import cpuinfo
+    from specdec.models.kernels.cpu import cpuinfo
 
     return extra_buffers_default(cpuinfo()[1], os.environ.get("SPECDEC_LLAMA_EXTRA_BUFFERS"), amx_in_build)
 
@@ -111,15 +113,15 @@ def load_llama_cpp(gguf: Path, n_ctx: int, threads: int, seed: int = 0, extra_bu
 
 def has_gguf(target: str) -> bool:
     """Whether llama.cpp can run ``target`` (a preset name or a .gguf file)."""
-    from specdec.models.catalog import PRESETS
+    from specdec.models.formats.catalog import PRESETS
 
     return target in PRESETS or (target.endswith(".gguf") and Path(target).expanduser().is_file())
 
 
 def target_gguf(target: Any) -> Path:
     """The GGUF file llama.cpp runs for ``target``: a preset's packaged file, or the ``.gguf`` path itself."""
-    from specdec.models.catalog import PRESETS
-    from specdec.models.presets import preset_gguf
+    from specdec.models.formats.catalog import PRESETS
+    from specdec.models.formats.presets import preset_gguf
 
     name = str(target if isinstance(target, str) else target.name)
     if not has_gguf(name):

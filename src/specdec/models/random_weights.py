@@ -45,7 +45,7 @@ def random_model(name: str, dtype: torch.dtype, device: torch.device, seed: int 
     """The preset ``name``'s architecture with random weights, as a LanguageModel on ``device``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import specdec
+    from specdec.models import load
 
     if name not in ARCHITECTURES:
         raise SpecDecError(f"--random-weights knows the architectures of {', '.join(ARCHITECTURES)}, not {name!r}")
@@ -55,4 +55,4 @@ def random_model(name: str, dtype: torch.dtype, device: torch.device, seed: int 
     with torch.device(device):
         hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
     hf.generation_config.eos_token_id = None
-    return specdec.load(hf, tokenizer=byte_tokenizer(), name=f"{name} (random weights)")
+    return load(hf, tokenizer=byte_tokenizer(), name=f"{name} (random weights)")

@@ -8,15 +8,15 @@ which starts with the decoder start token; the prompt is the encoder input.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from specdec.errors import SpecDecError
 from specdec.models.causal import LanguageModel
-from specdec.models.session import DynamicSession
-from specdec.models.kv_cache import cache_argument, preallocated_cache
+from specdec.models.sessions.session import DynamicSession
+from specdec.models.cache.kv_cache import cache_argument, preallocated_cache
 
 
 class Seq2SeqSession(DynamicSession):
@@ -42,13 +42,7 @@ class Seq2SeqSession(DynamicSession):
 class Seq2SeqLanguageModel(LanguageModel):
     is_encoder_decoder = True
 
-    def __init__(self, hf_model: Any, tokenizer: Any, name: str | None = None):
-        if not getattr(hf_model.config, "is_encoder_decoder", False):
-            raise SpecDecError("this is not an encoder-decoder model; use specdec.load(), which picks the backend")
-        self.hf_model = hf_model.eval()
-        self.tokenizer = tokenizer
-        self.name = name or getattr(hf_model.config, "_name_or_path", None) or type(hf_model).__name__
-        self.configure()
+    wrong_kind = "this is not an encoder-decoder model; use specdec.load(), which picks the backend"
 
     def configure(self, engine: str | None = None, cuda_graphs: bool | None = None, compile: bool = False) -> None:
         """The encoder-decoder backend runs eagerly on its dynamic cache, on any device."""

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from specdec.sweeps.pool import ModelPool
-from specdec.bench.formatting import MISSING, fmt
+from specdec.analysis.values import MISSING, fmt
 from specdec.tasks.metrics import score
 from specdec.publish.tables import quality_text
 from specdec.publish.plan import Step

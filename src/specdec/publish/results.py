@@ -21,7 +21,7 @@ The plan (:mod:`specdec.publish.plan`; --n-prompts / --max-new-tokens / --tasks 
 5. the figures (``specdec plot``).
 
 Every speedup's +-15% check against Theorem 8 is printed, and where one fails, the measured split
-that explains the gap (:mod:`specdec.bench.theory`). Output: ``OUT/RESULTS.md``, ``OUT/figures/*.png``
+that explains the gap (:mod:`specdec.analysis.theorem8`). Output: ``OUT/RESULTS.md``, ``OUT/figures/*.png``
 and ``OUT/results/*`` (the raw JSON, CSV and markdown of every step).
 """
 
@@ -41,11 +41,11 @@ import torch
 from specdec import alpha as alpha_module
 from specdec.publish.beam_bench import beam_markdown, run_beam
 from specdec.sweeps.pool import ModelPool
-from specdec.bench.formatting import MISSING, fmt
+from specdec.analysis.values import MISSING, fmt
 from specdec.sweeps.machine import dtype_name, load_average, machine_info
 from specdec.publish.tables import elsewhere, grid_markdown, measured_where, write_outputs
 from specdec.publish.plan import Step, add_arguments, plan
-from specdec.bench.theory import TOLERANCE
+from specdec.analysis.theorem8 import TOLERANCE
 
 __all__ = ["add_arguments", "generate", "main", "plan", "run_beam"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.sweeps.machine import GB
-from specdec.bench.formatting import MISSING, MS_PER_S, fmt, ms, ratio, short
+from specdec.analysis.values import MISSING, MS_PER_S, fmt, ms, ratio, short
 
 
 def table(result: dict[str, Any]) -> str:
@@ -202,7 +202,7 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
              f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('date')}"
              + (f"; 1-minute load average before/after {load[0]:.2f}/{load[1]:.2f}" if None not in load else "")]
     if machine.get("kernels"):
-        from specdec.models.int8_kernels import describe_code
+        from specdec.models.kernels.int8_matmul import describe_code
 
         lines.append(f"Kernel code: {describe_code(machine['kernels'])}")
     how = (result.get("config") or {}).get("llama_cpp")

@@ -90,7 +90,7 @@ def _run_generation(served: Served, request: GenerationRequest, job: Job) -> tup
 def _start_row(served: Served, request: GenerationRequest, job: Job) -> tuple[Any, Any]:
     """On the batch worker's thread: the request as a row of the served batch (:class:`specdec.BatchEngine`);
     (engine, row). The row's draft: the served model, none, or its own parameter-free drafter."""
-    from specdec.batching import MODEL
+    from specdec.batch.engine import MODEL
 
     on_tokens, on_round, finish = _callbacks(served, request, job)
     engine = served.engine

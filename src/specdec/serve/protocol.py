@@ -360,7 +360,7 @@ class Reply:
 
     def usage(self, out: Any) -> dict[str, Any]:
         """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: the prompt's positions the prefix cache
-        gave (specdec.prefix_cache)."""
+        gave (specdec.batch.prefix_cache)."""
         prompt, completion = len(out.prompt_ids), len(out.token_ids)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                  "prompt_tokens_details": {"cached_tokens": out.stats.cached_tokens}}

@@ -145,7 +145,7 @@ class Worker:
 
 
 class BatchWorker(Worker):
-    """Runs jobs as rows of one batch (:class:`specdec.batching.BatchEngine`), up to the engine's max_batch at
+    """Runs jobs as rows of one batch (:class:`specdec.batch.engine.BatchEngine`), up to the engine's max_batch at
     once, on one thread: between rounds, waiting jobs join the batch (continuous batching), cancelled or
     expired rows leave, finished rows deliver their results. At most ``max_queue`` jobs wait for a row."""
 

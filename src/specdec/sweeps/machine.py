@@ -21,7 +21,7 @@ import torch
 
 from specdec.devices import Stopwatch
 from specdec.models import LanguageModel
-from specdec.models.cpu import cpu_kind, cpu_model  # (reports import them from here too)
+from specdec.models.kernels.cpu import cpu_kind, cpu_model  # (reports import them from here too)
 
 
 def gpu_model() -> str | None:
@@ -72,11 +72,11 @@ def code_version() -> str:
 def where_measured() -> dict[str, Any]:
     """What a record names about the machine and the code that measured it (records of one sweep may come
     from several: Ray workers, or units of a stored sweep resumed on another day)."""
-    from specdec.models import int8_kernels
+    from specdec.models.kernels import int8_matmul
 
     gpu = gpu_model()
     return {"cpu": cpu_model(), "cpu_kind": cpu_kind(), **({"gpu": gpu} if gpu else {}), "code": code_version(),
-            "kernels": int8_kernels.code_in_use(),  # the kernel code the process ran (ISA, AMX, int8 kernel, ATen's)
+            "kernels": int8_matmul.code_in_use(),  # the kernel code the process ran (ISA, AMX, int8 kernel, ATen's)
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from specdec.errors import SpecDecError
-from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.models.formats.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_DTYPE", "DEFAULT_TARGET", "DEFAULT_TASK", "MAX_NEW_TOKENS", "add_dtype_argument",
            "add_json_argument", "add_sweep_arguments", "add_threads_argument", "comma_list", "number_list",

@@ -1,0 +1,1 @@
+"""KV caches: the dynamic engine's preallocated one and the static, position-indexed one."""

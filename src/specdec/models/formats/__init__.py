@@ -1,0 +1,1 @@
+"""Where weights come from: the preset catalog and cache, GGUF conversion, checkpoints, stored quantized models."""

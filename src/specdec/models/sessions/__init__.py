@@ -1,0 +1,1 @@
+"""Sessions over a model's cache: prefill / extend / rollback, batched rows, the CUDA-graph capture plan."""
