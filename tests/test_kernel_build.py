@@ -104,3 +104,49 @@ def test_a_failed_build_names_the_fix(tmp_path, monkeypatch):
     error = extension.build_error()
     assert error is not None and error.startswith("could not build specdec's CPU kernels")
     assert "install a C++ compiler" in error and "pip install ninja" in error
+
+
+def test_old_builds_go_when_a_new_one_is_made_and_used_ones_stay(tmp_path, capsys):
+    """prune: a build not loaded for 30 days goes, one loaded since stays (another checkout's), a killed build's
+    folder goes after an hour unless a builder holds its lock, other extensions' builds are not touched."""
+    import fcntl
+
+    now = time.time()
+
+    def made(name: str, done_age_days: float | None, age_s: float = 0.0) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        if done_age_days is not None:
+            (folder / build.DONE).write_text("{}")
+            os.utime(folder / build.DONE, (now - done_age_days * 86400,) * 2)
+        os.utime(folder, (now - age_s,) * 2)
+        return folder
+
+    keep = made("ext_new", 0)
+    unused, used = made("ext_old", 31), made("ext_other_checkout", 2)
+    killed, building = made("ext_killed", None, age_s=7200), made("ext_building", None, age_s=7200)
+    young_kill, other = made("ext_just_killed", None, age_s=60), made("another_ext_old", 90)
+    (tmp_path / "ext_old.lock").write_text("")
+    with open(tmp_path / "ext_building.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        # (a lock held by another open file description: flock conflicts within one process too)
+        removed = build.prune(tmp_path, "ext", keep=keep, now=now)
+    assert sorted(p.name for p in removed) == ["ext_killed", "ext_old"]
+    assert not unused.exists() and not killed.exists() and not (tmp_path / "ext_old.lock").exists()
+    assert all(p.exists() for p in (keep, used, building, young_kill, other))
+    assert "removed 2 old kernel build(s)" in capsys.readouterr().err
+    assert build.prune(tmp_path, "ext", keep=keep, now=now) == [building]  # its builder gone, it goes too
+    assert build.prune(tmp_path, "ext", keep=keep, now=now) == []
+
+
+def test_loading_a_build_stamps_it_as_used(tmp_path):
+    """The stamp prune reads: loading a built folder sets its DONE file's time to now."""
+    folder = tmp_path / "m_0"
+    folder.mkdir()
+    (folder / build.DONE).write_text("{}")
+    os.utime(folder / build.DONE, (1.0, 1.0))
+    so = folder / "m_0.so"
+    so.write_text("")
+    with pytest.raises(ImportError):  # (not a real module: the stamp comes first)
+        build._loaded("m_0", folder, so)
+    assert time.time() - (folder / build.DONE).stat().st_mtime < 60

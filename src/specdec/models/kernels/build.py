@@ -37,6 +37,11 @@ ENV_DIR = "SPECDEC_KERNEL_DIR"
 DONE = "built.json"
 #: Seconds between the progress lines of a build.
 PROGRESS_EVERY = 15.0
+#: A build of other sources not loaded for this long is removed when a new build is made (another checkout may still
+#: load the builds beside it; each load stamps its folder's DONE file). A build that never finished (killed) goes
+#: after an hour, when no builder holds its lock.
+UNUSED_DAYS = 30
+UNFINISHED_SECONDS = 3600
 
 
 def kernel_root() -> Path:
@@ -114,11 +119,11 @@ def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cflag
     folder = root / module_name
     so = folder / f"{module_name}.so"  # (torch's name for what it builds)
     if (folder / DONE).exists() and so.exists():
-        return _import(module_name, so)
+        return _loaded(module_name, folder, so)
     root.mkdir(parents=True, exist_ok=True)
     with _builders_lock(root / f"{module_name}.lock"):
         if (folder / DONE).exists() and so.exists():  # built by another process while this one waited
-            return _import(module_name, so)
+            return _loaded(module_name, folder, so)
         stale = folder / "lock"  # torch's baton: no live builder holds it while this process holds the lock
         if stale.exists():
             print(f"specdec: removing a stale build lock ({stale}) left by a build that was killed; building again",
@@ -137,4 +142,54 @@ def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cflag
                                         build_directory=str(folder), verbose=False)
         (folder / DONE).write_text(json.dumps({"sources": [s.name for s in sources], "torch": torch.__version__,
                                                "cflags": list(cflags), "ldflags": list(ldflags)}, indent=1) + "\n")
+    prune(root, name, keep=folder)
     return module
+
+
+def _loaded(module_name: str, folder: Path, so: Path) -> Any:
+    """The built module, its folder stamped as used now (what :func:`prune` reads)."""
+    try:
+        os.utime(folder / DONE)
+    except OSError:  # (a read-only cache: the stamp is only a hint)
+        pass
+    return _import(module_name, so)
+
+
+def prune(root: Path, name: str, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the builds of ``name`` under ``root`` other than ``keep`` that were not loaded for :data:`UNUSED_DAYS`
+    days, and unfinished ones older than :data:`UNFINISHED_SECONDS` that no builder holds; says what it removed."""
+    now = time.time() if now is None else now
+    removed = []
+    for folder in sorted(root.glob(f"{name}_*")):
+        if folder == keep or not folder.is_dir():
+            continue
+        done = folder / DONE
+        if done.exists():
+            old = now - done.stat().st_mtime > UNUSED_DAYS * 86400
+        else:
+            old = now - folder.stat().st_mtime > UNFINISHED_SECONDS and not _held(root / f"{folder.name}.lock")
+        if old:
+            shutil.rmtree(folder, ignore_errors=True)
+            (root / f"{folder.name}.lock").unlink(missing_ok=True)
+            removed.append(folder)
+    if removed:
+        print(f"specdec: removed {len(removed)} old kernel build(s) from {root} (unused for {UNUSED_DAYS} days, or "
+              "never finished)", file=sys.stderr, flush=True)
+    return removed
+
+
+def _held(lock: Path) -> bool:
+    """Whether a live builder holds ``lock`` (False where there is no such file, or no fcntl)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    if not lock.exists():
+        return False
+    with open(lock, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False

@@ -70,7 +70,9 @@ struct Avx2 {
         -std::numeric_limits<float>::infinity()), _CMP_NEQ_OQ));
     return _mm256_and_ps(finite, e);
   }
-  static F keep_finite(F e, F score, int64_t count) { return {keep8(e.lo, score.lo, count), keep8(e.hi, score.hi, count - 8)}; }
+  static F keep_finite(F e, F score, int64_t count) {
+    return {keep8(e.lo, score.lo, count), keep8(e.hi, score.hi, count - 8)};
+  }
   static float reduce_add(F x) { return reduce_add16(x.lo, x.hi); }
   static void key_scores(const float* q, const float* k, int64_t k_stride, int64_t D, float scale, float* out) {
     _mm_storeu_ps(out, _mm_mul_ps(dots4(q, k, k_stride, D), _mm_set1_ps(scale)));

@@ -1,4 +1,4 @@
-// specdec's row attention (built into the int8 kernel's extension, src/specdec/models/kernels/csrc/int8_gemm_avx512.cpp, which
+// specdec's row attention (built into the int8 kernel's extension, int8_gemm_avx512.cpp, which
 // binds it): each query row of a pass attends over its own keys with the arithmetic fixed here, so a block of rows
 // gives each row the bits of a one-token step (what specdec.models.native.row_attention needs).
 #include <torch/extension.h>
@@ -60,7 +60,8 @@ struct Avx512 {
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
   static __mmask16 live(int64_t count) {
-    return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(0, count)) - 1);
+    return count >= 16 ? static_cast<__mmask16>(0xFFFF)
+                       : static_cast<__mmask16>((1u << std::max<int64_t>(0, count)) - 1);
   }
   static F load_live(const float* p, int64_t count) { return _mm512_maskz_loadu_ps(live(count), p); }
   static void store_live(float* p, int64_t count, F x) { _mm512_mask_storeu_ps(p, live(count), x); }
@@ -100,7 +101,7 @@ template <int D>
 __attribute__((target("avx512f")))
 void pairs_of_head(const Pair* pairs, int64_t n, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
                    int64_t, float scale) {
-  attend_pairs<Avx512, D>(pairs, n, k, k_stride, v, v_stride, D, scale);
+  attend_pairs<Avx512, D, D>(pairs, n, k, k_stride, v, v_stride, D, scale);
 }
 
 }  // namespace

@@ -19,19 +19,20 @@ namespace {
 // e^x for x <= 0 (scores minus their maximum): 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2], degree-6
 // polynomial (relative error about 2e-7); exact order of operations, so the same x always gives the same bits.
 template <class V>
-inline typename V::F exp_nonpositive(typename V::F x) {
+__attribute__((always_inline)) inline typename V::F exp_nonpositive(typename V::F x) {
   x = V::max(x, V::set1(-87.0f));
   const typename V::F n = V::round_nearest(V::mul(x, V::set1(1.44269504088896341f)));
   typename V::F r = V::sub(x, V::mul(n, V::set1(0.693359375f)));
   r = V::sub(r, V::mul(n, V::set1(-2.12194440e-4f)));
   typename V::F p = V::set1(1.0f / 720.0f);
-  for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = V::add(V::mul(p, r), V::set1(c));
+  for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = V::add(V::mul(p, r), V::set1(c));
   return V::mul(p, V::pow2(n));
 }
 
 // a . b over d floats: 16 lanes of products summed per lane, then reduce_add.
 template <class V>
-inline float dot(const float* a, const float* b, int64_t d) {
+__attribute__((always_inline)) inline float dot(const float* a, const float* b, int64_t d) {
   typename V::F acc = V::zero();
   int64_t i = 0;
   for (; i + 16 <= d; i += 16) acc = V::add(acc, V::mul(V::load(a + i), V::load(b + i)));
@@ -42,12 +43,20 @@ inline float dot(const float* a, const float* b, int64_t d) {
 // scores [L] (q . k * scale) -> their exponentials in place (masked keys: 0); returns 1 / their sum, or -1 where
 // no key is left to attend to.
 template <class V>
-inline float softmax_weights(float* scores, int64_t L, const bool* mask_bool, const float* mask_add) {
+__attribute__((always_inline)) inline float softmax_weights(float* scores, int64_t L, const bool* mask_bool,
+                                                           const float* mask_add) {
   const float mx = masked_max(scores, L, mask_bool, mask_add);
   if (mx == -std::numeric_limits<float>::infinity()) return -1.0f;
   const typename V::F vmx = V::set1(mx);
   typename V::F sum = V::zero();
-  for (int64_t j = 0; j < L; j += 16) {
+  int64_t j = 0;
+  for (; j + 16 <= L; j += 16) {
+    const typename V::F sc = V::load(scores + j);
+    const typename V::F e = V::keep_finite(exp_nonpositive<V>(V::sub(sc, vmx)), sc, 16);
+    V::store(scores + j, e);
+    sum = V::add(sum, e);
+  }
+  if (j < L) {  // the last keys: dead lanes read as 0, their exponentials 0, left unwritten
     const typename V::F sc = V::load_live(scores + j, L - j);
     const typename V::F e = V::keep_finite(exp_nonpositive<V>(V::sub(sc, vmx)), sc, L - j);
     V::store_live(scores + j, L - j, e);
@@ -58,8 +67,10 @@ inline float softmax_weights(float* scores, int64_t L, const bool* mask_bool, co
 
 // One (batch, query head) for any D: scores [L] as scratch, out [D].
 template <class V>
-inline void attend_row(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t L,
-                       int64_t D, float scale, const bool* mask_bool, const float* mask_add, float* scores, float* out) {
+__attribute__((always_inline)) inline void attend_row(const float* q, const float* k, int64_t k_stride, const float* v,
+                                                      int64_t v_stride, int64_t L, int64_t D, float scale,
+                                                      const bool* mask_bool, const float* mask_add, float* scores,
+                                                      float* out) {
   for (int64_t j = 0; j < L; ++j) scores[j] = dot<V>(q, k + j * k_stride, D) * scale;
   for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
   const float inv = softmax_weights<V>(scores, L, mask_bool, mask_add);
@@ -76,14 +87,16 @@ inline void attend_row(const float* q, const float* k, int64_t k_stride, const f
   for (int64_t i = 0; i < D; ++i) out[i] = out[i] * inv;
 }
 
-// attend_row for the pairs that share one key/value head (D a multiple of CH, CH of 16), the bits of attend_row for
-// each: its scores, softmax and weighted sum are the same operations in the same order. What changes is the order
-// of the work: the keys in blocks (16 for the scores, 32 for the values), each block read from memory once and then
-// from L1 by every pair (a pair alone reads all its keys and values from L2: the cost of a row, measured), V::KEYS
-// scores made at once, CH of a pair's output lanes kept in registers.
-template <class V, int CH>
-inline void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k_stride, const float* v,
-                         int64_t v_stride, int64_t D, float scale) {
+// attend_row for the pairs that share one key/value head (D a multiple of CH, CH of 16; D_FIXED, where not 0, is D
+// known when compiled: the loops over it unrolled), the bits of attend_row for each: its scores, softmax and weighted
+// sum are the same operations in the same order. What changes is the order of the work: the keys in blocks (16 for
+// the scores, 32 for the values), each block read from memory once and then from L1 by every pair (a pair alone reads
+// all its keys and values from L2: the cost of a row, measured), V::KEYS scores made at once, CH of a pair's output
+// lanes kept in registers.
+template <class V, int CH, int D_FIXED = 0>
+__attribute__((always_inline)) inline void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k_stride,
+                                                        const float* v, int64_t v_stride, int64_t D_given, float scale) {
+  const int64_t D = D_FIXED ? D_FIXED : D_given;
   int64_t lo, hi;
   key_span(pairs, n, lo, hi);
   for (int64_t j0 = lo / 16 * 16; j0 < hi; j0 += 16)
@@ -91,7 +104,8 @@ inline void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k
       const Pair& r = pairs[p];
       int64_t j = std::max(j0, r.lo);
       const int64_t b = std::min(j0 + 16, r.hi);
-      for (; j + V::KEYS <= b; j += V::KEYS) V::key_scores(r.q, k + j * k_stride, k_stride, D, scale, r.scores + (j - r.lo));
+      for (; j + V::KEYS <= b; j += V::KEYS)
+        V::key_scores(r.q, k + j * k_stride, k_stride, D, scale, r.scores + (j - r.lo));
       for (; j < b; ++j) r.scores[j - r.lo] = dot<V>(r.q, k + j * k_stride, D) * scale;
     }
   std::vector<float> inv(n);
@@ -119,7 +133,8 @@ inline void attend_pairs(const Pair* pairs, int64_t n, const float* k, int64_t k
     }
   for (int64_t p = 0; p < n; ++p)
     if (inv[p] >= 0.0f)
-      for (int64_t i = 0; i < D; i += 16) V::store(pairs[p].out + i, V::mul(V::load(pairs[p].out + i), V::set1(inv[p])));
+      for (int64_t i = 0; i < D; i += 16)
+        V::store(pairs[p].out + i, V::mul(V::load(pairs[p].out + i), V::set1(inv[p])));
 }
 
 }  // namespace
