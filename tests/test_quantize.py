@@ -269,6 +269,10 @@ def test_the_kernel_is_chosen_once_and_checked(monkeypatch):
         assert int8_matmul.chosen() == KERNELS[-1]
         monkeypatch.setenv(int8_matmul.ENV, KERNELS[0])  # read once: a later change does not switch it
         assert int8_matmul.chosen() == KERNELS[-1]
+        if "specdec" in int8_matmul.available():  # the kernel's name before 2026-12-02 still chooses it
+            monkeypatch.setenv(int8_matmul.ENV, "vnni")
+            int8_matmul._chosen = None
+            assert int8_matmul.chosen() == "specdec"
         monkeypatch.delenv(int8_matmul.ENV)
         int8_matmul._chosen = None
         assert int8_matmul.chosen() == int8_matmul.default_kernel()
