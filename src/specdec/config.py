@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR"
 # where specdec's kernel runs (AVX-512 VNNI, or AVX2 with the same bits: half int8's bytes, a 0.5B step 0.6-0.7x
 # int8's; alpha 0.935 against 0.940 on HumanEval, docs/cpu_default.md), elsewhere in int8 (through fbgemm where the kernels do not run), else unquantized.
 DEFAULT_DRAFT_QUANTIZE_CPU = "int8"
-DEFAULT_DRAFT_QUANTIZE_VNNI = "int4"
+DEFAULT_DRAFT_QUANTIZE_KERNELS = "int4"
 # On CPU the default draft model is drafted for in turn by prompt lookup (free): a hierarchy (docs/cpu_default.md).
 DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
 # ... its head cut to the first 65,536 ids (specdec.models.quantized.draft_head, '@65536' in a spec; exact) where it runs in
@@ -38,7 +38,7 @@ DEFAULT_DRAFT_INNER_CPU = "prompt-lookup"
 # body is cheap, so the head is a larger share of a step), docs/cpu_default.md. The int8 draft keeps its whole head
 # (0.97x on a quiet AMX Xeon, alpha 0.926 against 0.947). None: the whole head.
 DEFAULT_DRAFT_VOCABULARY_CPU: int | None = None
-DEFAULT_DRAFT_VOCABULARY_VNNI: int | None = 65536
+DEFAULT_DRAFT_VOCABULARY_KERNELS: int | None = 65536
 DEFAULT_GAMMA = 4
 # Every draft drafts a constant DEFAULT_GAMMA unless told otherwise, one sequence or a batch: adapting from 6 was
 # 0.90-0.97x constant 4 for a lone int8 or int4 0.5B on every CPU measured (docs/cpu_default.md, issue 39 point 4), and
@@ -60,8 +60,8 @@ def default_draft(device: Any = None) -> str:
     if resolve_device(device).type != "cpu":
         return DEFAULT_DRAFT
     kernels = extension.usable_isa() is not None
-    quantize = DEFAULT_DRAFT_QUANTIZE_VNNI if kernels else DEFAULT_DRAFT_QUANTIZE_CPU if int8_matmul.has_fbgemm() else None
-    vocabulary = DEFAULT_DRAFT_VOCABULARY_VNNI if kernels else DEFAULT_DRAFT_VOCABULARY_CPU
+    quantize = DEFAULT_DRAFT_QUANTIZE_KERNELS if kernels else DEFAULT_DRAFT_QUANTIZE_CPU if int8_matmul.has_fbgemm() else None
+    vocabulary = DEFAULT_DRAFT_VOCABULARY_KERNELS if kernels else DEFAULT_DRAFT_VOCABULARY_CPU
     head = f"@{vocabulary}" if vocabulary else ""
     model = f"{DEFAULT_DRAFT}:{quantize}{head}" if quantize else DEFAULT_DRAFT
     return f"{model}<-{DEFAULT_DRAFT_INNER_CPU}"

@@ -13,8 +13,8 @@ from specdec.config import (
     DEFAULT_DRAFT,
     DEFAULT_DRAFT_INNER_CPU,
     DEFAULT_DRAFT_QUANTIZE_CPU,
-    DEFAULT_DRAFT_QUANTIZE_VNNI,
-    DEFAULT_DRAFT_VOCABULARY_VNNI,
+    DEFAULT_DRAFT_QUANTIZE_KERNELS,
+    DEFAULT_DRAFT_VOCABULARY_KERNELS,
     DEFAULT_TARGET,
 )
 
@@ -30,7 +30,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
                         ":int8, :int8-tensor or :int4, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
                         "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
-                        f"decoding (default on CPU: {DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_VNNI}@{DEFAULT_DRAFT_VOCABULARY_VNNI}"
+                        f"decoding (default on CPU: {DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_KERNELS}@{DEFAULT_DRAFT_VOCABULARY_KERNELS}"
                         f"<-{DEFAULT_DRAFT_INNER_CPU} where it has AVX-512 VNNI or AVX2, else "
                         f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}<-{DEFAULT_DRAFT_INNER_CPU}; {DEFAULT_DRAFT} on CUDA)")
     p.add_argument("--dtype", default=None,
