@@ -10,10 +10,8 @@ import torch
 
 from specdec.errors import SpecDecError
 from specdec.models.kernels.extension import GROUP, LANE, amx_from, loaded
+from specdec.models.kernels.int8_matmul import QMAX  # (the oneDNN path's: the same unit)
 from specdec.models.quantized.int8_weights import DeferredQWeight, is_per_channel
-
-#: An activation row divided by its largest absolute value is quantized as round(QMAX * x): symmetric int8.
-QMAX = 127.0
 
 
 def pack(*parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
