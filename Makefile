@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test-setup docs demo test bench playground clean-venv
+.PHONY: setup test-setup docs demo test bench bench-serve playground clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,15 @@ playground: setup
 
 bench: setup
 	$(BIN)/specdec bench
+
+# The serving benchmark (docs/serving.md, "Server against server"): specdec serve against llama-server (built once
+# from llama-cpp-python's vendored llama.cpp, cached under ~/.cache/specdec/llama-server/) and OpenVINO GenAI (in its
+# own environment, .venv-openvino: it is no dependency of specdec's), the same OpenAI requests at 1, 2, 4, 8 clients.
+# About 1.5 hours on 2 cores; run it with the machine to yourself.
+OV_VENV ?= .venv-openvino
+bench-serve: setup
+	test -x $(OV_VENV)/bin/python || ($(PYTHON) -m venv $(OV_VENV) && $(OV_VENV)/bin/pip install --quiet --no-cache-dir 'openvino-genai==2026.4.1.0')
+	$(BIN)/python scripts/serve_bench.py --openvino-python $(OV_VENV)/bin/python --out results/serve_bench
 
 clean-venv:
 	rm -rf $(VENV)

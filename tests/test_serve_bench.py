@@ -1,0 +1,112 @@
+"""The serving benchmark's pieces (scripts/serve_bench.py): its requests, llama-server's command lines, a
+conversation's turns, and the verdict against the best peer row. The timing itself is the benchmark's, not CI's."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "serve_bench.py"
+
+
+@pytest.fixture(scope="module")
+def sb():
+    spec = importlib.util.spec_from_file_location("serve_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_editing_functions_are_real_stdlib_sources_of_the_sizes_asked(sb):
+    functions = sb.stdlib_functions()
+    assert len(functions) >= 24
+    assert all(600 <= len(code) <= 5500 and code.startswith(f"def {name}(") for name, code in functions)
+    assert functions == sb.stdlib_functions()  # the same list every run
+    first = [len(code) for _, code in functions[:6]]
+    assert max(first) > 3000 and min(first) < 1500  # the first few mix long and short functions
+
+
+def test_jobs_per_workload(sb):
+    completion = sb.jobs("completion", 3)
+    problems = sb.humaneval()
+    assert [j["prompt"] for j in completion] == [p["prompt"] for p in problems[120:123]]  # held out from the bench's
+    chat = sb.jobs("chat", 2)
+    assert chat[0]["kind"] == "chat" and chat[0]["turns"] == []
+    assert problems[40]["entry_point"] in chat[0]["messages"][0]["content"]
+    editing = sb.jobs("editing", 2)
+    name, code = sb.stdlib_functions()[0]
+    assert f"`{name}` to `{name}_v2`" in editing[0]["messages"][0]["content"] and code in editing[0]["messages"][0]["content"]
+    conversation = sb.jobs("conversation", 1)
+    assert len(conversation[0]["turns"]) == 3
+    with pytest.raises(SystemExit, match="unknown workload 'poems': one of completion, chat, editing, conversation"):
+        sb.jobs("poems", 1)
+
+
+def test_llama_server_command_lines(sb, tmp_path):
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    plain = sb.llama_args("plain", 4, 2, t, d)
+    assert plain[plain.index("-np") + 1] == "4" and plain[plain.index("-c") + 1] == str(4 * sb.CONTEXT)
+    assert "--spec-type" not in plain
+    draft = sb.llama_args("draft-8", 1, 2, t, d)
+    assert draft[draft.index("--spec-type") + 1] == "draft-simple" and draft[draft.index("-md") + 1] == str(d)
+    assert draft[draft.index("--spec-draft-n-max") + 1] == "8"
+    ngram = sb.llama_args("ngram", 1, 2, t, d)
+    assert ngram[ngram.index("--spec-type") + 1] == "ngram-mod" and "-md" not in ngram
+    with pytest.raises(SystemExit, match="unknown llama-server mode 'eagle'"):
+        sb.llama_args("eagle", 1, 2, t, d)
+
+
+class FakeClient:
+    """Answers each chat turn with the turn's number; records the bodies."""
+
+    def __init__(self, usage_shape: str):
+        self.bodies, self.usage_shape = [], usage_shape
+
+    def post(self, path, json):
+        self.bodies.append((path, json))
+        doc = {"choices": [{"message": {"content": f"answer {len(self.bodies)}"}, "text": "t"}],
+               "usage": {"completion_tokens": 5, "prompt_tokens": 10 * len(self.bodies)}}
+        if self.usage_shape == "openai":
+            doc["usage"]["prompt_tokens_details"] = {"cached_tokens": 7}
+        else:
+            doc["timings"] = {"cache_n": 3}
+
+        class Reply:
+            status_code, text = 200, ""
+
+            @staticmethod
+            def json():
+                return doc
+        return Reply()
+
+
+@pytest.mark.parametrize("shape,cached", [("openai", 7), ("llama-server", 3)])
+def test_a_conversation_resends_its_answers(sb, shape, cached):
+    client = FakeClient(shape)
+    job = {"kind": "chat", "messages": [{"role": "user", "content": "q1"}], "turns": ["q2", "q3"], "max_tokens": 9}
+    out = sb.send(client, "m", job, {"draft": "none"})
+    assert [r["text"] for r in out] == ["answer 1", "answer 2", "answer 3"]
+    assert [r["cached_tokens"] for r in out] == [cached] * 3
+    path, last = client.bodies[-1]
+    assert path == "/v1/chat/completions" and last["draft"] == "none" and last["max_tokens"] == 9
+    assert last["messages"] == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "answer 1"},
+                                {"role": "user", "content": "q2"}, {"role": "assistant", "content": "answer 2"},
+                                {"role": "user", "content": "q3"}]
+    assert job["messages"] == [{"role": "user", "content": "q1"}]  # the job itself is left as it was
+
+
+def test_verdicts_take_the_best_llama_server_row(sb):
+    def row(server, workload, clients, tps, **kw):
+        return {"server": server, "workload": workload, "clients": clients, "output_tokens_per_s": tps,
+                "requests": 4, **kw}
+
+    rows = [row("specdec", "chat", 1, 16.0, identical=4), row("specdec plain", "chat", 1, 10.0),
+            row("llama-server plain", "chat", 1, 10.0), row("llama-server draft-4", "chat", 1, 8.0),
+            row("specdec", "chat", 8, 30.0, identical=4), row("specdec plain", "chat", 8, 32.0),
+            row("llama-server plain", "chat", 8, 20.0), row("openvino plain", "chat", 1, 9.0)]
+    one, eight = sb.verdicts(rows)
+    assert one["peer"] == "llama-server plain" and one["vs_peer"] == pytest.approx(1.6)
+    assert one["vs_plain"] == pytest.approx(1.6) and one["openvino_tokens_per_s"] == 9.0 and one["meets_bar"]
+    assert eight["vs_peer"] == pytest.approx(1.5) and not eight["meets_bar"]  # ahead of llama-server, behind plain
+    json.dumps([one, eight])
