@@ -20,7 +20,7 @@ position would see, so every row and every one-token step run the same kernel on
   one-token step there has.
 - in a ragged batch (:class:`~specdec.models.sessions.batch_session.BatchSession`, inside :func:`exact_rows`):
   each sequence of the batch as the one-sequence dynamic engine runs it, whatever shares the pass: its
-  prefill through the causal call over its own prompt, each later query row over the keys of its own
+  prefill through the causal call over its own prompt (the extension's rows with it), each later query row over the keys of its own
   prefix, batch 1, no mask. A batched row then gets the bits :func:`specdec.generate` gives it alone.
 
 A one-token step goes through the same functions, so nothing changes for plain decoding but the cost of
@@ -30,7 +30,9 @@ Where the model's int8 layers run specdec's ``specdec`` kernel (:mod:`specdec.mo
 through that extension's attention instead of one SDPA call each: every query row of the pass in one call,
 each over its own keys, with arithmetic fixed in the extension (float32; a row's bits do not depend on what
 else shares the call). The choice is made once per model, from its layers' kernel, so a model's plain steps
-and verification passes always compute attention the same way. The prefill keeps the causal SDPA call.
+and verification passes always compute attention the same way. With the extension a prefill's rows go through it
+too (each over its own prefix), so a prompt fed in one pass, in chunks or after a kept prefix gives the same bits;
+without it the prefill keeps the causal SDPA call.
 """
 
 from __future__ import annotations
@@ -138,12 +140,12 @@ def _batch(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         out = _rows(kernel, query, key, value, *_batch_spans(spans, width, window), None, kwargs.get("scaling"))
     else:
         out = query.new_zeros(batch, width, heads, value.shape[-1])
+    if kernel is not None:
+        return out
     for b, (start, n) in enumerate(spans):
         if start == 0 and n > 1:  # its prefill
             out[b, :n] = _prefill(module, query[b:b + 1, :, :n], key[b:b + 1, :, :n], value[b:b + 1, :, :n], window,
                                   kwargs)[0]
-            continue
-        if kernel is not None:
             continue
         for i in range(n):
             end = start + i + 1
@@ -180,9 +182,9 @@ def row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
         rows = [_row(query[:, :, i:i + 1], key, value, attention_mask[:, :, i:i + 1], scaling)
                 for i in range(q)]
         return _stack(rows), None
-    if q == length and q > 1:  # a pass from position 0: the prefill, the usual causal kernel
+    if q == length and q > 1 and kernel is None:  # a pass from position 0 without the extension: the causal kernel
         return _prefill(module, query, key, value, window, kwargs), None
-    if kernel is not None:  # every row at once, each over the keys of its own prefix (its window's)
+    if kernel is not None:  # every row at once (a prefill's too), each over the keys of its own prefix (its window's)
         starts, ends = _spans(query.shape[0], q, length, window)  # [B, q] each
         return _rows(kernel, query, key, value, starts, ends, None, scaling), None
     rows = []
@@ -214,13 +216,13 @@ def _spans(batch: int, q: int, length: int, window: int | None) -> tuple[torch.T
 
 def _batch_spans(spans: Sequence[tuple[int, int]], width: int, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The key spans [start, end) [B, w] of a ragged pass's rows: row i of a sequence fed (start, n) ends at
-    start + i + 1 (from its window's first key); padding and prefill rows an empty span (the kernel writes zeros;
-    a prefill's rows are computed apart). Made once per pass, as :func:`_spans`."""
+    start + i + 1 (from its window's first key), a prefill's rows too; padding rows an empty span (the kernel writes
+    zeros). Made once per pass, as :func:`_spans`."""
     key = ("batch", tuple(spans), width, window)
     if _last_spans.key != key:
         ends = torch.zeros(len(spans), width, dtype=torch.long)
         for b, (start, n) in enumerate(spans):
-            if n and not (start == 0 and n > 1):
+            if n:
                 ends[b, :n] = torch.arange(start + 1, start + n + 1)
         starts = (ends - window).clamp_min(0) if window else torch.zeros_like(ends)
         _last_spans.key, _last_spans.value = key, (starts, ends)
