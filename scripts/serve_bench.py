@@ -173,6 +173,14 @@ def build_llama_server(cache: Path) -> Path:
     return binary
 
 
+def batch_report(url: str) -> dict | None:
+    """What specdec serve's /health says of its batch: the speculation mode, the gamma chosen per batch size, the
+    pass and draft-step times it decides from."""
+    import httpx
+
+    return httpx.get(url + "/health", timeout=10).json().get("batch")
+
+
 class LlamaServer:
     """llama-server in a subprocess, ready once /health answers 200."""
 
@@ -504,6 +512,7 @@ def main() -> int:
                     warm_up(server.url, model)
                     for workload in workloads:
                         row = run_level(server.url, model, work[(workload, clients)], clients, extra)
+                        row["batch"] = batch_report(server.url)  # how its batch speculated, measured
                         texts[(name, workload)] = row["texts"]
                         if name == "specdec plain":
                             spec = next(r for r in rows if r["server"] == "specdec" and r["workload"] == workload

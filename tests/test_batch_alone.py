@@ -65,7 +65,7 @@ def test_a_row_that_moves_between_batch_and_alone_equals_generate_bit_for_bit(ki
                                 seed=i) for i in range(5)]
     configs[0] = GenerationConfig(max_new_tokens=80, gamma=3, temperature=1.0, seed=0)  # it outlives the others
     for d in (draft, None):
-        engine = BatchEngine(target, d, max_batch=3, draft_gate=False)
+        engine = BatchEngine(target, d, max_batch=3, speculation="rows")
         rows = [engine.add(PROMPTS[0], configs[0])]
         for _ in range(3):  # alone for three rounds
             engine.step()

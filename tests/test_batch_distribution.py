@@ -35,7 +35,7 @@ def batched_counts(pair, options: dict, tokens: int = 2) -> torch.Tensor:
     """Counts of the first ``tokens`` tokens (1 or 2) of N seeded rows of PROMPT run through one BatchEngine,
     beside rows of other prompts and settings that join and leave."""
     target, draft = pair
-    engine = BatchEngine(target, draft, max_batch=10, draft_gate=False)
+    engine = BatchEngine(target, draft, max_batch=10, speculation="rows")
     rows = []
     for seed in range(N):
         rows.append(engine.add(PROMPT, GenerationConfig(seed=seed, **options), draft=MODEL))

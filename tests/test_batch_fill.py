@@ -35,7 +35,7 @@ def test_rows_joining_with_chunked_prompts_equal_their_generation_alone(method, 
     # two long rows run while the others join one after another, each its prompt in chunks beside them
     configs = [GenerationConfig(max_new_tokens=60 if i < 2 else 4 + 2 * i, gamma=2 + i % 2) for i in range(7)]
     drafts = [MODEL, None, "prompt-lookup", MODEL, MODEL, None, MODEL]
-    engine = BatchEngine(target, draft, max_batch=3, prefix_cache_bytes=cache, draft_gate=False,
+    engine = BatchEngine(target, draft, max_batch=3, prefix_cache_bytes=cache, speculation="rows",
                          prefill_chunk=CHUNK)
     assert engine.prefill_chunk == CHUNK
     rows = [engine.add(p, c, draft=d) for p, c, d in zip(prompts, configs, drafts)]

@@ -58,7 +58,7 @@ def test_a_gated_batch_stays_exact_and_drafts_less_where_the_draft_is_dear():
     drafts in a minority of rounds; the greedy rows are still the target's own tokens."""
     target = quantized_copy(load_tiny(eos=None, hidden=128), "int8")
     configs = [GenerationConfig(max_new_tokens=40, gamma=4) for _ in range(4)]
-    engine = BatchEngine(target, target, max_batch=4, draft_gate=True)
+    engine = BatchEngine(target, target, max_batch=4, speculation="gate")
     rows = [engine.add(p, c) for p, c in zip(PROMPTS[:4], configs)]
     engine.run()
     assert [r.output.token_ids for r in rows] == [specdec.generate(target, p, config=c).token_ids

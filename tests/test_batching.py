@@ -36,7 +36,7 @@ def test_greedy_rows_equal_their_generation_alone(pair, draft_kind):
     draft = {"model": model, "none": None}.get(draft_kind, draft_kind)
     configs = mixed_configs()
     alone = [specdec.generate(target, p, draft=draft, config=c) for p, c in zip(PROMPTS, configs)]
-    outs = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs, draft_gate=False)
+    outs = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs)  # (the batch's gamma: measured)
     for i, (out, ref) in enumerate(zip(outs, alone)):
         assert out.token_ids == ref.token_ids, (draft_kind, i)
         assert out.stats.stop_reason == ref.stats.stop_reason
@@ -44,14 +44,14 @@ def test_greedy_rows_equal_their_generation_alone(pair, draft_kind):
     if draft_kind == "model":
         assert sum(o.stats.accepted for o in outs) > 0 and sum(o.stats.drafted for o in outs) > 0
     # fewer rows than prompts: rows join as others finish (continuous batching), same tokens
-    joined = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs, max_batch=3, draft_gate=False)
+    joined = specdec.generate_batch(target, PROMPTS, draft=draft, configs=configs, max_batch=3, speculation="rows")
     assert [o.token_ids for o in joined] == [o.token_ids for o in alone]
 
 
 def test_plain_and_speculative_rows_share_a_batch_and_stop_strings_and_eos_end_rows():
     target = load_tiny()  # with its EOS
     model = perturbed(target, 0.05)
-    engine = BatchEngine(target, model, max_batch=4, draft_gate=False)
+    engine = BatchEngine(target, model, max_batch=4, speculation="rows")
     stop_word = target.decode(specdec.generate(target, PROMPTS[1], max_new_tokens=6).token_ids[3:4]).strip()
     requests = [(PROMPTS[0], GenerationConfig(max_new_tokens=40), MODEL),
                 (PROMPTS[1], GenerationConfig(max_new_tokens=40, stop=[stop_word]), None),
@@ -88,7 +88,7 @@ def test_rows_never_leak_into_each_other():
     """A row whose draft is perfect (the target itself) beside one whose draft is always wrong (random
     tokens): each keeps its own acceptance and its own output."""
     target = load_tiny(eos=None)
-    engine = BatchEngine(target, target, max_batch=2, draft_gate=False)  # the draft model is the target: a perfect draft
+    engine = BatchEngine(target, target, max_batch=2, speculation="rows")  # the draft model is the target: a perfect draft
     perfect = engine.add(PROMPTS[0], GenerationConfig(max_new_tokens=30, gamma=4), draft=MODEL)
     wrong = engine.add(PROMPTS[1], GenerationConfig(max_new_tokens=30, gamma=4), draft="random")
     engine.run()
@@ -99,17 +99,19 @@ def test_rows_never_leak_into_each_other():
         assert row.output.token_ids == specdec.generate(target, prompt, max_new_tokens=30).token_ids
 
 
-def test_rows_follow_the_target_distribution_at_temperature_one():
+@pytest.mark.parametrize("speculation", ["rows", "measured"])
+def test_rows_follow_the_target_distribution_at_temperature_one(speculation):
     """T > 0 end to end: two settings of the same prompt, sampled in batches beside rows of other prompts,
     settings and lengths (rows join and leave continuously); the first two tokens of each setting follow
-    the target's exact joint distribution (chi-square, as tests/test_distribution.py)."""
+    the target's exact joint distribution (chi-square, as tests/test_distribution.py), whether each row drafts as
+    its schedule says or as the batch's measured costs cap it."""
     target = load_tiny(vocab=V, eos=None, sharp=2.0)
     draft = perturbed(target, 1.0, seed=3)
     settings = {"t1": dict(temperature=1.0, gamma=3, max_new_tokens=5),
                 "topk": dict(temperature=0.7, top_k=5, top_p=0.9, gamma=2, max_new_tokens=4)}
     others = [dict(temperature=0.0, max_new_tokens=9), dict(temperature=1.3, max_new_tokens=3, gamma=1),
               dict(temperature=1.0, max_new_tokens=7, gamma_schedule="adaptive")]
-    engine = BatchEngine(target, draft, max_batch=12, draft_gate=False)
+    engine = BatchEngine(target, draft, max_batch=12, speculation=speculation)
     rows: dict[str, list] = {name: [] for name in settings}
     n = 1200
     for seed in range(n):
@@ -128,7 +130,10 @@ def test_rows_follow_the_target_distribution_at_temperature_one():
         sampling = SamplingParams(temperature=options["temperature"], top_k=options.get("top_k"),
                                   top_p=options.get("top_p", 1.0))
         assert chi_square_pvalue(counts.numpy(), exact_joint(target, sampling).numpy()) > 1e-3, name
-    assert all(r.output.stats.drafted_per_position[2] >= 1 for r in rows["t1"])  # rounds of 3 drafted tokens
+    if speculation == "rows":
+        assert all(r.output.stats.drafted_per_position[2] >= 1 for r in rows["t1"])  # rounds of 3 drafted tokens
+    else:  # the batch's gamma drafted, less than the rows' own at times
+        assert engine.gamma_policy.decided and sum(r.output.stats.drafted for r in rows["t1"]) > 0
 
 
 def quantizations():
@@ -170,7 +175,7 @@ def test_a_batched_int8_row_equals_generate_alone_bit_for_bit(kind, method):
     configs = [GenerationConfig(max_new_tokens=12 + 3 * (i % 3), gamma=2 + i % 3, temperature=0.0 if i % 2 else 1.0,
                                 seed=i) for i in range(len(PROMPTS))]
     for d in (draft, None):
-        outs = specdec.generate_batch(target, PROMPTS, draft=d, configs=configs, max_batch=3, draft_gate=False)
+        outs = specdec.generate_batch(target, PROMPTS, draft=d, configs=configs, max_batch=3, speculation="rows")
         alone = [specdec.generate(target, p, draft=d, config=c) for p, c in zip(PROMPTS, configs)]
         assert [o.token_ids for o in outs] == [a.token_ids for a in alone], d
         if d is not None:  # ragged acceptance: rows rejected drafts in different rounds
@@ -189,7 +194,10 @@ def test_the_batch_gamma_drafts_less_as_the_batch_grows():
     for rows, width in ((1, 1), (16, 1), (16, 3)):
         dear.observe(rows, width, (10 + 8 * rows * width) / 1000, 2, 0.004)
     assert dear.choose([0.8] * 16) == 0 and dear.choose([0.8]) > 0
-    assert BatchGamma(gamma=4, max_gamma=8).choose([0.8]) == 4  # nothing timed yet: the configured gamma
+    fresh = BatchGamma(gamma=4, max_gamma=8)
+    assert fresh.choose([0.8] * 3) == 0  # nothing timed yet: plain decoding's pass of 3 rows first,
+    fresh.observe(3, 1, 0.030, 0, 0.0)
+    assert fresh.choose([0.8] * 3) == 4  # then the configured gamma (a second pass size and a draft step timed)
 
 
 def test_the_batch_gamma_does_not_count_a_catch_up_as_draft_steps():

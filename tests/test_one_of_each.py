@@ -15,7 +15,8 @@ from specdec.drafters import DraftKind, PromptLookupDrafter, plan_draft
 from specdec.models import Model
 from specdec.models.llama_cpp import LlamaCppModel
 from specdec.run_state import RunState
-from specdec.schedules import AdaptiveSchedule, BatchGamma, RowAlpha, StepFeedback
+from specdec.batch.speculation import BatchGamma, RowAlpha
+from specdec.schedules import AdaptiveSchedule, StepFeedback
 from tiny import load_tiny, load_tiny_chars, perturbed, tiny_seq2seq
 
 DECLARED = ("name", "tokenizer", "vocab_size", "is_encoder_decoder", "quantization", "block_invariant", "hf_model",
@@ -84,13 +85,13 @@ def test_one_run_state_for_a_generation_and_a_batch_row():
         own = {f.name for f in dataclasses.fields(cls)} - shared
         assert not own & shared
     # only what the batch needs is a row's own (its draft, its outcome, the schedule it parks while alone, its
-    # prediction, its prompt going in chunk by chunk): the
+    # prediction, its prompt going in chunk by chunk, its draft's alpha): the
     # session, clock and round launched ahead are the one-sequence engine's, which a lone batch row runs too
     assert {f.name for f in dataclasses.fields(_Run)} - shared == set()
     assert {"session", "clock", "ahead"} <= shared
     assert {f.name for f in dataclasses.fields(BatchRow)} - shared == {"draft", "proposed", "output", "error",
                                                                         "cancelled", "finish", "parked", "prediction",
-                                                                        "filled", "draft_filled", "fill_draft"}
+                                                                        "filled", "draft_filled", "fill_draft", "alpha"}
 
 
 def test_a_batch_row_and_a_generation_estimate_alpha_alike():

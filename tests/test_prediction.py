@@ -124,7 +124,7 @@ def test_batched_rows_with_predictions_equal_their_generation_alone(monkeypatch)
     monkeypatch.setattr(decoding, "prediction_ids", lambda target, config: texts.get(config.prediction, []))
     configs = [GenerationConfig(max_new_tokens=30, prediction=f"prediction {i}" if i != 2 else None)
                for i in range(len(prompts))]
-    engine = BatchEngine(target, model, max_batch=3, draft_gate=False)
+    engine = BatchEngine(target, model, max_batch=3, speculation="rows")
     rows = [engine.add(p, c, draft=None if i == 3 else "model") for i, (p, c) in enumerate(zip(prompts, configs))]
     engine.run()
     assert [r.output.token_ids for r in rows] == expected

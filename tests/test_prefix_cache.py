@@ -43,7 +43,7 @@ def test_lookup_store_and_eviction_least_recently_used_first():
 
 def engine_outputs(target, draft, requests, budget, max_batch=2):
     """Each request (prompt ids, config) through one engine in turn; per request (first logits, output, cached)."""
-    engine = BatchEngine(target, draft, max_batch=max_batch, prefix_cache_bytes=budget, draft_gate=False)
+    engine = BatchEngine(target, draft, max_batch=max_batch, prefix_cache_bytes=budget, speculation="rows")
     results = []
     for prompt, config in requests:
         row = engine.add(prompt, config)
@@ -85,14 +85,14 @@ def test_batched_rows_sharing_a_system_prompt_equal_their_generation_alone(metho
     target, draft = quantized_copy(base, method), quantized_copy(perturbed(base, 0.05), method)
     prompts = [SYSTEM + [40 + i] * (1 + i % 3) for i in range(6)]
     configs = [GenerationConfig(max_new_tokens=8 + 3 * i, gamma=2 + i % 2) for i in range(6)]
-    engine = BatchEngine(target, draft, max_batch=2, prefix_cache_bytes=1 << 20, draft_gate=False)
+    engine = BatchEngine(target, draft, max_batch=2, prefix_cache_bytes=1 << 20, speculation="rows")
     rows = [engine.add(p, c, draft=None if i == 3 else MODEL) for i, (p, c) in enumerate(zip(prompts, configs))]
     engine.run()
     alone = [specdec.generate(target, p, draft=None if i == 3 else draft, config=c)
              for i, (p, c) in enumerate(zip(prompts, configs))]
     assert [r.output.token_ids for r in rows] == [a.token_ids for a in alone]
     assert sum(r.output.stats.cached_tokens > 0 for r in rows) >= 3 and engine.prefix_cache.evicted == 0
-    small = BatchEngine(target, draft, max_batch=2, prefix_cache_bytes=engine.prefix_cache.size // 3, draft_gate=False)
+    small = BatchEngine(target, draft, max_batch=2, prefix_cache_bytes=engine.prefix_cache.size // 3, speculation="rows")
     rows = [small.add(p, c) for p, c in zip(prompts, configs)]
     small.run()
     assert [r.output.token_ids for r in rows] == [a.token_ids for a in alone] and small.prefix_cache.evicted > 0

@@ -13,17 +13,16 @@ output distribution exact.
 - ``confidence``: drafts up to max_gamma tokens but the draft stops as soon as its own top
   probability falls below a threshold (decided inside the drafter, see ``Drafter.stop_below``).
 
-The batch engine's ``adaptive`` is :class:`BatchGamma` (one gamma for a batch's adaptive rows, from the
-batch's costs), made of the same parts as :class:`AdaptiveSchedule`: :class:`AlphaEstimate` per sequence,
-:class:`DecayedTimes` for the measured costs, :class:`PlainProbe` when no gamma pays, and the same constants.
+A batch's gamma is :class:`specdec.batch.speculation.BatchGamma` (one gamma for a batch's model-drafted rows, from
+the batch's measured costs), made of the same parts as :class:`AdaptiveSchedule`: :class:`AlphaEstimate` per
+sequence, :class:`DecayedTimes` for the measured costs, and the same constants.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
-from specdec.analysis import expected_tokens, optimal_gamma, speculation_pays
+from specdec.analysis import optimal_gamma, speculation_pays
 
 SCHEDULES = ("constant", "heuristic", "adaptive", "confidence")
 HEURISTIC_GROW = 2  # heuristic: gamma + 2 after a step whose drafted tokens were all accepted ...
@@ -89,6 +88,22 @@ class DecayedTimes(dict):
         slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys)) / sum((x - x_mean) ** 2 for x in xs)
         slope = max(slope, 0.0)
         return y_mean - slope * (x_mean - at), slope
+
+    def at(self, size: int) -> float | None:
+        """The time at ``size`` read off the measured points, piecewise linear: between two measured sizes the
+        line through them, past the largest the slope of the last two (>= 0), below the smallest its time (a
+        pass over fewer tokens costs no more). None before two sizes. Unlike :meth:`line` it follows a pass time
+        that is flat while the weights' reading bounds it and then grows with the tokens (a CPU's batched pass)."""
+        if len(self) < 2:
+            return None
+        xs = sorted(self)
+        if size <= xs[0]:
+            return self[xs[0]]
+        for lo, hi in zip(xs, xs[1:]):
+            if size <= hi:
+                return self[lo] + (self[hi] - self[lo]) * (size - lo) / (hi - lo)
+        lo, hi = xs[-2], xs[-1]
+        return self[hi] + max(self[hi] - self[lo], 0.0) * (size - hi) / (hi - lo)
 
 
 class PlainProbe:
@@ -257,87 +272,6 @@ class ConfidenceSchedule(GammaSchedule):
 
     def next_gamma(self) -> int:
         return self.max_gamma
-
-
-class BatchGamma:
-    """The adaptive schedule of a batch (:mod:`specdec.batch.engine`): one gamma for the rows that use it,
-    from the batch's measured costs.
-
-    Each such row keeps its alpha (:class:`RowAlpha`, an :class:`AlphaEstimate` as the one-sequence
-    schedule's), and the batch keeps the time of a draft step and of a target pass as lines in the number of
-    tokens the pass feeds (rows x width): T(n) = a + b n, through :class:`DecayedTimes` as the one-sequence
-    schedule's. Each round it drafts the gamma that maximizes the batch's expected tokens per second,
-
-        sum_i E_i(gamma) / (gamma D(B) + T(B (gamma + 1))),  E_i(gamma) = (1 - alpha_i^(gamma+1)) / (1 - alpha_i),
-
-    gamma = 0 (plain steps, B tokens per pass) included: with enough rows (a pass over B x (gamma + 1) tokens
-    costing more than the accepted drafts gain) it drafts less, or nothing (with the one-sequence schedule's
-    :class:`PlainProbe`). Until two pass sizes have been timed it drafts ``gamma``, then 1."""
-
-    def __init__(self, gamma: int, max_gamma: int, decay: float = ADAPTIVE_DECAY, alpha0: float = ADAPTIVE_ALPHA0,
-                 probe_every: int = ADAPTIVE_PROBE_EVERY):
-        self.gamma, self.max_gamma, self.decay, self.alpha0 = gamma, max_gamma, decay, alpha0
-        self.target_time = DecayedTimes(decay)  # tokens fed -> averaged seconds
-        self.draft_time = DecayedTimes(decay)  # rows -> averaged seconds of one draft step
-        self._probe = PlainProbe(probe_every)
-        self._drafted_before: bool | None = None  # did the previous round draft? (None: no round yet)
-
-    def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float) -> None:
-        """A round of ``rows`` rows whose target pass fed ``width`` tokens per row; ``drafted``: the most
-        tokens a row drafted (draft steps), in ``time_draft`` seconds. As the one-sequence schedule, a round after
-        one that did not draft is not a draft step's time: its draft first caught up with the plain rounds' tokens
-        (counted, a draft step of 2 rows measured 1.39 target steps, 0.56 without them, and the batch stopped drafting
-        where drafting paid: docs/serving.md)."""
-        if time_target > 0:
-            self.target_time.observe(rows * width, time_target)
-        if drafted > 0 and time_draft > 0 and self._drafted_before:
-            self.draft_time.observe(rows, time_draft / drafted)
-        self._drafted_before = drafted > 0
-
-    def choose(self, alphas: Sequence[float], rows: int | None = None) -> int:
-        """The batch's gamma for the adaptive rows with these alphas, in a batch of ``rows`` rows (default: those;
-        the others' tokens per pass do not depend on this gamma)."""
-        line = self.target_time.line(0)
-        rows = len(alphas) if rows is None else rows
-        if line is None or not self.draft_time:
-            return 1 if self.target_time else self.gamma
-        a, b = line
-        step = self.draft_time.get(rows) or self.draft_time[min(self.draft_time, key=lambda r: abs(r - rows))]
-
-        def rate(g: int) -> float:
-            tokens = sum(expected_tokens(min(max(al, 0.0), 1 - 1e-6), g) for al in alphas) + rows - len(alphas)
-            return tokens / (g * step + a + b * rows * (g + 1))
-
-        best = max(range(self.max_gamma + 1), key=rate)
-        if best == 0:
-            return self._probe.next()
-        self._probe.reset()
-        return best
-
-    def report(self) -> dict:
-        line = self.target_time.line(0)
-        return {"name": "adaptive", "batch": True, "gamma": self.gamma,
-                "pass_seconds": None if line is None else {"a": line[0], "b_per_token": line[1]}}
-
-
-class RowAlpha:
-    """A batch row's part of :class:`BatchGamma`: its alpha (and what its stats report as the schedule)."""
-
-    name = "adaptive"
-
-    def __init__(self, policy: BatchGamma):
-        self.policy = policy
-        self._alpha = AlphaEstimate(policy.alpha0, policy.decay)
-
-    @property
-    def alpha(self) -> float:
-        return self._alpha.value
-
-    def update(self, feedback: StepFeedback) -> None:
-        self._alpha.observe(feedback.betas)
-
-    def report(self) -> dict:
-        return {**self.policy.report(), "alpha": self.alpha}
 
 
 def make_schedule(name: str, gamma: int, max_gamma: int) -> GammaSchedule:

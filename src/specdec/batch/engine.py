@@ -5,8 +5,9 @@
 A :class:`BatchEngine` holds up to ``max_batch`` rows (sequences) in one batched cache per model
 (:class:`~specdec.models.sessions.batch_session.BatchSession`: each row at its own length, its own mask). A round:
 
-1. each row picks k_i (its gamma schedule; 0 for a plain row, and for every row when the batch's
-   measured costs say drafting does not pay: :class:`BatchGamma`);
+1. each row picks k_i: its gamma schedule's (0 for a plain row), at most the batch's gamma where two or more
+   rows run (``speculation="measured"``, the default: Theorem 8 with the batch's measured verification cost,
+   :class:`BatchGamma`, so rows draft fewer tokens, or none, as the batch grows);
 2. the model draft proposes for all drafting rows in one pass per draft step (each row sampled with its
    own settings and random source); a parameter-free draft (prompt lookup, n-grams) proposes per row;
 3. the target scores every row's pending token and drafts in one pass, and each row is verified on its
@@ -20,7 +21,10 @@ Each row's output follows the target exactly: at temperature 0 the target's gree
 distribution. Rows never see each other (their own cache row and mask). With the block-invariant int8
 target (``quantize="int8"``) a row's logits are bit for bit those :func:`specdec.generate` gives it alone,
 whatever shares the batch (its attention runs per sequence as in the one-sequence engine:
-:func:`specdec.models.native.row_attention.exact_rows`). In float precision they need not be: float matrix
+:func:`specdec.models.native.row_attention.exact_rows`): greedy rows give its tokens; a sampled row gives the
+tokens it draws alone from the same seed where it drafts as it would alone (``speculation="rows"``; with the
+default ``"measured"`` the batch decides how many tokens it drafts, and so which random numbers it draws: the same
+distribution, other draws). In float precision they need not be: float matrix
 products may depend on the batch, and this engine attends through a mask over a padded window where the
 dynamic engine attends over the exact prefix, so a near-tie can break differently.
 
@@ -48,6 +52,7 @@ from specdec.batch.alone import release, rounds_alone
 from specdec.batch.gate import DraftGate, gate_round
 from specdec.batch.drafting import alone_draft, batch_drafting, propose_model
 from specdec.batch.prefix import keep_prefix, prefix_cache
+from specdec.batch.speculation import SPECULATION, BatchGamma, calibrate, draft_prefills, report, round_gammas
 from specdec.batch.prediction import propose_predictions
 from specdec.batch.fill import DEFAULT_CHUNK, chunk_size, drop_fill, fill, filled, follow_leave, start_fill
 from specdec.batch.row import MODEL, PAD, BatchRow, make_row, row_context
@@ -60,11 +65,12 @@ from specdec.models import load
 from specdec.models.sessions.batch_session import BatchSession
 from specdec.rounds import Round, check_dead_end, with_carried
 from specdec.run_state import RoundEvent, append_tokens, finish_output
-from specdec.schedules import BatchGamma, RowAlpha, StepFeedback
+from specdec.schedules import StepFeedback
 
 __all__ = ["MODEL", "BatchRow", "BatchGamma", "BatchEngine", "batch_drafting", "batch_engine", "generate_batch"]
 
 DEFAULT_POSITIONS = 4096  # max_positions when neither the caller nor the target's context says
+
 
 
 class BatchEngine:
@@ -75,7 +81,7 @@ class BatchEngine:
 
     def __init__(self, target: Any, draft_model: Any = None, max_batch: int = 8, max_positions: int | None = None,
                  gamma: int = 4, max_gamma: int = 12, alone_draft: Any = None, alone: bool = True,
-                 prefix_cache_bytes: int = 0, draft_gate: bool = False, prefill_chunk: int = DEFAULT_CHUNK):
+                 prefix_cache_bytes: int = 0, speculation: str = "measured", prefill_chunk: int = DEFAULT_CHUNK):
         target = load(target)
         if target.is_encoder_decoder:
             raise SpecDecError("batched generation supports decoder-only targets; run an encoder-decoder target one "
@@ -97,10 +103,11 @@ class BatchEngine:
         # the model alone, or a hierarchy under it); alone=False keeps every row in the batch
         self.alone = alone
         self.moves = {"alone": 0, "back": 0}  # a lone row out of the batch, and back in (tests and benchmarks)
-        # draft_gate=True: the draft model drafts, per batch size, while it pays, measured (specdec.batch.gate; off by
-        # default: through specdec serve it measured slower than drafting every round at 2, 4 and 8 clients, see
-        # docs/serving.md); off, every round as the rows' schedules say (a sampled row draws what it draws alone)
-        self.gate = DraftGate() if draft_gate else None
+        # how many tokens the model-drafted rows of a batch (two rows or more) draft: SPECULATION's
+        if speculation not in SPECULATION:
+            raise SpecDecError(f"speculation must be one of {', '.join(SPECULATION)}, got {speculation!r}")
+        self.speculation = speculation
+        self.gate = DraftGate() if speculation == "gate" else None
         # finished rows' keys and values for later requests that share their prefix (specdec.batch.prefix_cache): bit for
         # bit a fresh prefill's with a block-invariant target (kept for those, and not over a sliding window)
         self.prefix_cache = prefix_cache(target, prefix_cache_bytes)
@@ -183,18 +190,24 @@ class BatchEngine:
 
     # -- one round ----------------------------------------------------------------------------------
     def _gammas(self) -> list[int]:
-        adaptive = [i for i, row in enumerate(self.rows) if isinstance(row.schedule, RowAlpha) and row.draft is not None]
-        shared = (self.gamma_policy.choose([self.rows[i].schedule.alpha for i in adaptive], len(self.rows))
-                  if adaptive else 0)
-        ks = []
-        for row in self.rows:
-            if row.draft is None:
-                ks.append(0)
-                continue
-            k = shared if isinstance(row.schedule, RowAlpha) else row.schedule.next_gamma()
-            generated = len(row.sequence) - row.start_len
-            ks.append(max(0, min(k, row.limit - generated - 1)))  # n accepted + 1 target token must fit
-        return ks
+        return round_gammas(self)
+
+    def calibrate(self, context: int = 128, widths: Sequence[int] = (1, 2, 3, 5)) -> dict:
+        """Time the batch's passes and draft steps and seed its gamma policy (:func:`~specdec.batch.speculation.calibrate`)."""
+        return calibrate(self, context, widths)
+
+    def report(self) -> dict:
+        """How the batch speculates, measured (:func:`~specdec.batch.speculation.report`)."""
+        return report(self)
+
+    def soon(self) -> int:
+        """The rows the batch holds once the requests waiting (and the one filling) have joined, at most max_batch."""
+        return min(self.max_batch, len(self.rows) + len(self.waiting) + (self.filling is not None))
+
+    def draft_prefills(self, rows: int) -> bool:
+        """Whether a model-drafted row joining a batch of ``rows`` rows has its draft fed its prompt as it goes in
+        (:func:`~specdec.batch.speculation.draft_prefills`)."""
+        return draft_prefills(self, rows)
 
     def step(self) -> list[BatchRow]:
         """Let waiting requests join, run one round over every row; returns the rows that finished in it
@@ -216,8 +229,8 @@ class BatchEngine:
         t0 = self.clock.mark()
         calls_before = self.draft_session.forward_passes if self.draft_session is not None else 0
         drafting = self.draft_session is not None and any(row.draft == MODEL and k > 0 for row, k in zip(rows, ks))
-        drafts = (propose_model(self.draft_session, rows, ks, self.target.vocab_size, device) if drafting
-                  else [Draft.empty(device) for _ in rows])
+        drafts, caught_up = (propose_model(self.draft_session, rows, ks, self.target.vocab_size, device, self.clock)
+                             if drafting else ([Draft.empty(device) for _ in rows], 0.0))
         for i, row in enumerate(rows):
             if row.draft is not None and row.draft != MODEL and ks[i] > 0:
                 drafts[i] = row.draft.propose(row.sequence, ks[i])
@@ -247,7 +260,8 @@ class BatchEngine:
         draft_calls = (self.draft_session.forward_passes - calls_before) if self.draft_session is not None else 0
         if width:  # (no pass when every row's logits came from its prefill)
             self.passes.append((len(rows), width))
-            self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts), time_draft)
+            self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts),
+                                      time_draft - caught_up)  # (a catch-up is no draft step)
         done = []
 
         for i, row in enumerate(rows):
@@ -255,6 +269,8 @@ class BatchEngine:
             refused = row.constraint is not None and row.constraint.settle(0, new) < len(new)
             new = new[:n] if refused else new  # the grammar was complete and allowed nothing, not even EOS
             self.target_session.rollback(i, len(row.sequence) + n)  # the sequence + accepted drafts
+            if row.draft == MODEL:
+                row.alpha.observe(betas)  # (the batch's gamma reads it)
             if row.draft == MODEL and row.proposed is not None:
                 length, k = row.proposed
                 self.draft_session.rollback(i, length + min(n, max(k - 1, 0)))
@@ -305,7 +321,7 @@ class BatchEngine:
 
 
 def batch_engine(target: Any, draft: Any, configs: Sequence[GenerationConfig], max_batch: int,
-                 max_positions: int | None = None, draft_gate: bool = False) -> tuple[BatchEngine, Any]:
+                 max_positions: int | None = None, speculation: str = "measured") -> tuple[BatchEngine, Any]:
     """A :class:`BatchEngine` for rows with these configs, and what each row drafts with (``draft=`` of
     :meth:`BatchEngine.add`): the engine's draft model, a parameter-free drafter name, or None (plain)."""
     plan_draft(draft).check()
@@ -313,13 +329,13 @@ def batch_engine(target: Any, draft: Any, configs: Sequence[GenerationConfig], m
     model, row_draft = batch_drafting(target, draft)
     engine = BatchEngine(target, model, max_batch, max_positions, gamma=max(c.gamma for c in configs),
                          max_gamma=max(c.gamma_bound for c in configs), alone_draft=alone_draft(draft, model),
-                         draft_gate=draft_gate)
+                         speculation=speculation)
     return engine, row_draft
 
 
 def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft: Any = DEFAULT,
                    config: GenerationConfig | None = None, configs: Sequence[GenerationConfig] | None = None,
-                   max_batch: int | None = None, max_positions: int | None = None, draft_gate: bool = False,
+                   max_batch: int | None = None, max_positions: int | None = None, speculation: str = "measured",
                    **options: Any) -> list[Any]:
     """Generate a continuation of each prompt, all rows in one batched pass per round; one
     :class:`~specdec.decoding.GenerationOutput` per prompt, in order, each equal to what
@@ -332,8 +348,8 @@ def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft
     config / options: the settings of every row (a :class:`GenerationConfig` or its fields as keywords);
       configs: one per prompt instead (each its own sampling settings, seed, stop strings, max_new_tokens).
     max_batch: rows at once (default: all prompts); further prompts join as rows finish.
-    draft_gate: True: the draft model drafts while the batch's measured rounds say it pays (specdec.batch.gate);
-      False (the default): as the rows' schedules say, every round.
+    speculation: how many tokens the model-drafted rows draft while two or more rows run (:data:`SPECULATION`):
+      "measured" (the default), "gate" or "rows".
     """
     if configs is not None and (config is not None or options):
         raise SpecDecError("pass either configs= (one per prompt) or config= / keyword options, not both")
@@ -349,7 +365,7 @@ def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft
     if isinstance(draft, str) and draft == DEFAULT:
         target = load(target)
         draft = preset_draft(target)
-    engine, row_draft = batch_engine(target, draft, configs, max_batch or len(prompts), max_positions, draft_gate)
+    engine, row_draft = batch_engine(target, draft, configs, max_batch or len(prompts), max_positions, speculation)
     target = engine.target
     from specdec.decoding import prompt_token_ids
 

@@ -33,9 +33,8 @@ def start_fill(engine: Any, row: BatchRow) -> None:
     row.t_start = Stopwatch(engine.target.device)()
     reused, reused_draft = reuse_prefix(engine, slot, row)
     engine.target_session.lengths[slot] = reused
-    # a model-drafted row's draft catches up later where the gate has settled on plain rounds at this batch size
-    gate = engine.gate
-    row.fill_draft = row.draft == MODEL and not (gate is not None and gate.settled(len(engine.rows) + 1) is False)
+    # a model-drafted row's draft catches up later where the batch drafts nothing at this size
+    row.fill_draft = row.draft == MODEL and engine.draft_prefills(len(engine.rows) + 1)
     if row.draft == MODEL:
         engine.draft_session.lengths[slot] = reused_draft
     row.filled, row.draft_filled = reused, reused_draft

@@ -33,6 +33,7 @@ class BatchRow(RunState):
     filled: int = 0
     draft_filled: int = 0
     fill_draft: bool = False  # whether its model draft is fed the prompt as it goes in
+    alpha: Any = None  # its model draft's AlphaEstimate (the batch's gamma reads it: specdec.schedules.BatchGamma)
 
     @property
     def alone(self) -> bool:
@@ -63,7 +64,7 @@ def make_row(engine: Any, prompt_ids: Sequence[int], config: GenerationConfig, d
     from specdec.drafters.prediction import PredictionDrafter
     from specdec.errors import SpecDecError
     from specdec.models.causal import new_token_limit
-    from specdec.schedules import RowAlpha, make_schedule
+    from specdec.schedules import AlphaEstimate, make_schedule
     from specdec.stats import GenerationStats
     from specdec.text import StopScan
 
@@ -101,13 +102,14 @@ def make_row(engine: Any, prompt_ids: Sequence[int], config: GenerationConfig, d
     device = target.device
     from specdec.decoding import device_ids
 
-    schedule = (RowAlpha(engine.gamma_policy) if config.gamma_schedule == "adaptive"
+    schedule = (engine.gamma_policy.row() if config.gamma_schedule == "adaptive"
                 else make_schedule(config.gamma_schedule, config.gamma, config.gamma_bound))
     row = BatchRow(target=target, prompt_ids=prompt_ids, config=config, draft=draft, drafter=drafter,
                    schedule=schedule, sequence=list(prompt_ids), ids=device_ids(prompt_ids, len(prompt_ids) + limit + 1, device),
                    start_len=len(prompt_ids), limit=limit, generator=new_generator(device, seed), eos=target.eos_token_ids,
                    stats=GenerationStats(prompt_tokens=len(prompt_ids), seed=seed), on_tokens=on_tokens,
-                   on_round=on_round, t_start=Stopwatch(device)())
+                   on_round=on_round, t_start=Stopwatch(device)(),
+                   alpha=AlphaEstimate(engine.gamma_policy.alpha0, engine.gamma_policy.decay))
     if config.stop:
         row.stop_scan = StopScan(target.decode, config.stop, target.piece_bytes)
     if config.constraint is not None:

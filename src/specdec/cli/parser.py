@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --max-batch > 1: a prompt joining running requests goes in N tokens a round, so a "
                             "long one stalls them by one chunk, not its whole prefill (the exact quantized targets "
                             "only: the same bits as one pass); 0: in one pass (default 128)")
+    serve.add_argument("--batch-speculation", choices=["measured", "gate", "rows"], default="measured",
+                       help="with --max-batch > 1: how many tokens the draft model drafts while two or more requests "
+                            "run: measured (at most the gamma Theorem 8 gives for the batch's measured pass and draft "
+                            "times: fewer, or none, as requests are added), gate (drafting or plain rounds, whichever "
+                            "measured faster at that batch size), rows (each request's own gamma, every round: a "
+                            "seeded sampled request then draws what it draws alone) (default measured)")
     serve.add_argument("--timeout", type=float, default=600.0,
                        help="seconds a request may take, queue included; a request may ask for less (default 600)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

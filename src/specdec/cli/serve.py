@@ -54,7 +54,8 @@ def load_served(args: argparse.Namespace) -> Any:
     engine = None
     if (args.max_batch or 1) > 1:
         engine = batch_engine(target, draft, args.max_batch, args.max_positions, args.gamma, args.gamma_schedule,
-                              args.max_gamma, int(args.prefix_cache * 2**20), args.prefill_chunk)
+                              args.max_gamma, int(args.prefix_cache * 2**20), args.prefill_chunk,
+                              getattr(args, "batch_speculation", "measured"))
     else:
         prepare_served_steps(target, draft, args.max_positions)
     return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
@@ -65,7 +66,7 @@ def load_served(args: argparse.Namespace) -> Any:
 
 def batch_engine(target: Any, draft: Any, max_batch: int, max_positions: int, gamma: int | None,
                  gamma_schedule: str | None, max_gamma: int | None, prefix_cache_bytes: int = 0,
-                 prefill_chunk: int | None = None) -> Any:
+                 prefill_chunk: int | None = None, speculation: str = "measured") -> Any:
     """The BatchEngine of ``specdec serve --max-batch N``: the served draft's model drafts for every row that
     uses it (a parameter-free served draft is each row's own); a lone row drafts with the whole served draft
     (a hierarchy: the model under prompt lookup) through the one-sequence engine (:mod:`specdec.batch.alone`)."""
@@ -74,9 +75,12 @@ def batch_engine(target: Any, draft: Any, max_batch: int, max_positions: int, ga
 
     model, _ = batch_drafting(target, draft)  # the one decision of what a batch's rows draft with
     config = GenerationConfig.from_options(gamma=gamma, gamma_schedule=gamma_schedule, max_gamma=max_gamma)
-    return BatchEngine(target, model, max_batch, max_positions, gamma=config.gamma, max_gamma=config.gamma_bound,
-                       alone_draft=alone_draft(draft, model), prefix_cache_bytes=prefix_cache_bytes,
-                       **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
+    engine = BatchEngine(target, model, max_batch, max_positions, gamma=config.gamma, max_gamma=config.gamma_bound,
+                         alone_draft=alone_draft(draft, model), prefix_cache_bytes=prefix_cache_bytes,
+                         speculation=speculation,
+                         **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
+    engine.calibrate()  # the batch's pass and draft-step times, before the first request (speculation="measured")
+    return engine
 
 
 def prepare_served_steps(target: Any, draft: Any, max_positions: int | None = None) -> None:

@@ -156,7 +156,9 @@ class BatchWorker(Worker):
         super().__init__(max_queue)
 
     def snapshot(self) -> dict[str, Any]:
-        return {**super().snapshot(), "max_batch": self.max_batch}
+        engine = self._engine
+        return {**super().snapshot(), "max_batch": self.max_batch,
+                **({"batch": engine.report()} if engine is not None and hasattr(engine, "report") else {})}
 
     def _loop(self) -> None:
         while True:

@@ -1,0 +1,253 @@
+"""How many tokens the rows of a batch (:mod:`specdec.batch.engine`) draft: Theorem 8 over the batch's measured costs.
+
+One row's speculation gains what Theorem 8 says; B rows share a target pass over B (gamma + 1) tokens, which on a CPU
+costs much more than one over B tokens once reading the weights no longer bounds it, and the batch's draft step costs
+more than a lone row's. So with ``speculation="measured"`` (the default) each model-drafted row of a batch of two rows
+or more drafts at most the batch's gamma (:class:`BatchGamma`), from the pass times per tokens fed and the draft step
+per batch size it measures (timed at startup by :func:`calibrate`, then from every round), and a joining row's draft
+is fed its prompt only where the batch drafts at the size it is about to have (:func:`draft_prefills`). A lone row
+runs through the one-sequence engine (:mod:`specdec.batch.alone`) and drafts as :func:`specdec.generate` would.
+docs/serving.md ("Speculation that follows the load") has the measurements behind each rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from specdec.analysis import expected_tokens
+from specdec.batch.row import MODEL
+from specdec.models.sessions.batch_session import BatchSession
+from specdec.schedules import (ADAPTIVE_ALPHA0, ADAPTIVE_DECAY, ADAPTIVE_PROBE_EVERY, AlphaEstimate, DecayedTimes,
+                               StepFeedback)
+
+#: How many tokens the model-drafted rows of a batch of two rows or more draft (``speculation=``; a lone row drafts as
+#: :func:`specdec.generate` would, :mod:`specdec.batch.alone`):
+SPECULATION = {
+    # the default: each row's gamma at most the batch's, Theorem 8 over the batch's measured costs (a target pass
+    # over B (gamma + 1) tokens, a draft step of B rows; :class:`BatchGamma`): fewer drafts, or none, as rows are added
+    "measured": "at most the gamma Theorem 8 gives for the batch's measured costs",
+    # the draft model drafts, per batch size, while its rounds' measured tokens a second beat plain rounds'
+    "gate": "drafting or plain rounds, whichever measured faster at this batch size (specdec.batch.gate)",
+    # every row as its schedule says, every round: a sampled row then draws exactly what it draws alone
+    "rows": "each row's own schedule, every round",
+}
+
+#: The batch drafts only where Theorem 8 over its measured costs gives this much more than plain rounds: what the
+#: model leaves out (the draft's catch-ups after plain rounds, each drafting row's sampling and verification)
+#: measured through specdec serve at 8 clients, where a predicted gain of a few percent was a loss
+BATCH_MARGIN = 0.1
+
+
+class BatchGamma:
+    """The gamma of a batch (:mod:`specdec.batch.engine`) from its measured costs: Theorem 8 with the batch's
+    verification cost.
+
+    Each model-drafted row keeps its alpha (an :class:`AlphaEstimate` as the one-sequence schedule's), and the
+    batch keeps the time of a draft step per batch size and of a target pass per number of tokens it feeds (rows x
+    width), through :class:`DecayedTimes` as the one-sequence schedule's, read piecewise linearly
+    (:meth:`DecayedTimes.at`). Each round it drafts the gamma that maximizes the batch's expected tokens per second,
+
+        sum_i E_i(gamma) / (gamma D(B) + T(B (gamma + 1))),  E_i(gamma) = (1 - alpha_i^(gamma+1)) / (1 - alpha_i),
+
+    gamma = 0 (plain steps, B tokens per pass) included: with enough rows (a pass over B x (gamma + 1) tokens
+    costing more than the accepted drafts gain) it drafts less, or nothing. Unlike the one-sequence schedule it
+    does not probe while nothing pays: a probe after plain rounds first feeds the draft every token it missed
+    (about 3.5 ms a token for the 0.5B on 2 cores, a sixth of what a plain pass of 7 rows costs a token), and plain
+    is the side that cannot lose; it drafts again where its measured costs say so (the plain pass it keeps timing
+    grows with the rows' lengths; fewer rows). T(B), plain decoding's pass, is timed at each batch size before it decides there (a
+    round of gamma 0), and again every ``probe_every`` rounds; until two pass sizes and a draft step have been
+    timed it drafts ``gamma``. ``decided`` keeps the last gamma chosen per batch size (a joining row's draft prefills only
+    where it is not 0)."""
+
+    def __init__(self, gamma: int, max_gamma: int, decay: float = ADAPTIVE_DECAY, alpha0: float = ADAPTIVE_ALPHA0,
+                 probe_every: int = ADAPTIVE_PROBE_EVERY):
+        self.gamma, self.max_gamma, self.decay, self.alpha0 = gamma, max_gamma, decay, alpha0
+        self.target_time = DecayedTimes(decay)  # tokens fed -> averaged seconds
+        self.draft_time = DecayedTimes(decay)  # rows -> averaged seconds of one draft step
+        self.decided: dict[int, int] = {}  # rows -> the gamma last chosen for that many rows
+        self.probe_every = probe_every
+        self._since_plain: dict[int, int] = {}  # rows -> rounds since a plain pass of that many rows was timed
+        self._drafted_before: bool | None = None  # did the previous round draft? (None: no round yet)
+
+    def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float) -> None:
+        """A round of ``rows`` rows whose target pass fed ``width`` tokens per row; ``drafted``: the most
+        tokens a row drafted (draft steps), in ``time_draft`` seconds. As the one-sequence schedule, a round after
+        one that did not draft is not a draft step's time: its draft first caught up with the plain rounds' tokens
+        (counted, a draft step of 2 rows measured 1.39 target steps, 0.56 without them, and the batch stopped drafting
+        where drafting paid: docs/serving.md)."""
+        if time_target > 0:
+            self.target_time.observe(rows * width, time_target)
+        if drafted > 0 and time_draft > 0 and self._drafted_before:
+            self.draft_time.observe(rows, time_draft / drafted)
+        self._drafted_before = drafted > 0
+
+    def expected_rate(self, alphas: Sequence[float], rows: int, gamma: int) -> float | None:
+        """Theorem 8 for the batch: expected tokens a second of ``rows`` rows (those with ``alphas`` drafting
+        ``gamma`` tokens, the others plain) from the measured costs; None before they are measured."""
+        if not self.draft_time:
+            return None
+        step = self.draft_time.get(rows) or self.draft_time[min(self.draft_time, key=lambda r: abs(r - rows))]
+        seconds = self.target_time.at(rows * (gamma + 1))
+        if seconds is None:
+            return None
+        tokens = sum(expected_tokens(min(max(al, 0.0), 1 - 1e-6), gamma) for al in alphas) + rows - len(alphas)
+        return tokens / (gamma * step + seconds)
+
+    def choose(self, alphas: Sequence[float], rows: int | None = None, max_gamma: int | None = None) -> int:
+        """The batch's gamma for the rows with these alphas, in a batch of ``rows`` rows (default: those; the
+        others' tokens per pass do not depend on this gamma), at most ``max_gamma`` (default: the policy's)."""
+        rows = len(alphas) if rows is None else rows
+        top = self.max_gamma if max_gamma is None else max_gamma
+        since = self._since_plain.get(rows)
+        if rows not in self.target_time or (since is not None and since >= self.probe_every):
+            # plain decoding's own pass at this batch size, timed (not read off larger passes: a pass over fewer
+            # tokens can cost much less), and again every probe_every rounds (its time grows with the rows' lengths)
+            self._since_plain[rows] = 0
+            return 0
+        self._since_plain[rows] = (since or 0) + 1
+        if len(self.target_time) < 2 or not self.draft_time:
+            best = min(self.gamma, top)
+        else:
+            best = self._best(alphas, rows, top)
+        self.decided[rows] = best
+        return best
+
+    def row(self) -> "RowAlpha":
+        """An adaptive row's schedule: its alpha, its gamma the batch's."""
+        return RowAlpha(self)
+
+    def drafts_at(self, rows: int) -> bool:
+        """Whether the batch drafts at ``rows`` rows: the last gamma chosen there, else what the measured costs
+        predict for rows of the prior alpha (False before any are measured)."""
+        if rows in self.decided:
+            return self.decided[rows] > 0
+        if len(self.target_time) < 2 or not self.draft_time:
+            return False
+        return self._best([self.alpha0] * rows, rows, self.max_gamma) > 0
+
+    def _best(self, alphas: Sequence[float], rows: int, top: int) -> int:
+        """The gamma of the highest expected rate, 0 unless some gamma beats plain's by BATCH_MARGIN."""
+        rates = [self.expected_rate(alphas, rows, g) for g in range(top + 1)]
+        best = max(range(top + 1), key=lambda g: rates[g])
+        return best if rates[best] >= (1 + BATCH_MARGIN) * rates[0] else 0
+
+    def report(self) -> dict:
+        line = self.target_time.line(0)
+        return {"name": "adaptive", "batch": True, "gamma": self.gamma,
+                "pass_seconds": None if line is None else {"a": line[0], "b_per_token": line[1]},
+                "decided": dict(sorted(self.decided.items()))}
+
+
+class RowAlpha:
+    """A batch row's part of :class:`BatchGamma`: its alpha (and what its stats report as the schedule)."""
+
+    name = "adaptive"
+
+    def __init__(self, policy: BatchGamma):
+        self.policy = policy
+        self._alpha = AlphaEstimate(policy.alpha0, policy.decay)
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha.value
+
+    def update(self, feedback: StepFeedback) -> None:
+        self._alpha.observe(feedback.betas)
+
+    def report(self) -> dict:
+        return {**self.policy.report(), "alpha": self.alpha}
+
+
+def round_gammas(engine: Any) -> list[int]:
+    """Each row of ``engine``'s k this round: its schedule's, capped by the batch's gamma (``speculation="measured"``) for
+    the model-drafted rows; an adaptive row drafts the batch's gamma."""
+    rows = engine.rows
+    own = [None if row.draft is None or isinstance(row.schedule, RowAlpha) else row.schedule.next_gamma()
+           for row in rows]
+    measured = engine.speculation == "measured" and engine.draft_session is not None and len(rows) >= 2
+    chosen = [i for i, row in enumerate(rows) if row.draft is not None and (
+        isinstance(row.schedule, RowAlpha) or (measured and row.draft == MODEL and own[i] > 0))]
+    shared = 0
+    # requests waiting to join: the batch is about to hold more rows; where it would not draft at that size (or has
+    # not decided there yet) it stays plain now rather than catch drafts up for a few rounds
+    soon = engine.soon()
+    if measured and soon > len(rows) and not engine.gamma_policy.drafts_at(soon):
+        shared = 0
+    elif chosen:  # Theorem 8 over the batch (its pass over B (gamma + 1) tokens), up to the widest row's gamma
+        top = max(rows[i].config.gamma_bound if own[i] is None else own[i] for i in chosen)
+        alphas = [rows[i].schedule.alpha if own[i] is None else rows[i].alpha.value for i in chosen]
+        shared = engine.gamma_policy.choose(alphas, len(rows), top)
+    ks = []
+    for i, row in enumerate(rows):
+        if row.draft is None:
+            ks.append(0)
+            continue
+        k = shared if own[i] is None else (min(own[i], shared) if i in chosen else own[i])
+        generated = len(row.sequence) - row.start_len
+        ks.append(max(0, min(k, row.limit - generated - 1)))  # n accepted + 1 target token must fit
+    return ks
+
+def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3, 5)) -> dict:
+    """Time the target's pass over B rows x w tokens (w in ``widths``) and the draft's step of B rows, for B in
+    1, 2, 4, ... up to max_batch, each row holding ``context`` positions, and seed the batch's gamma policy
+    (:class:`BatchGamma`) with them, so that its first decisions at each batch size are read off measured costs
+    instead of drafting rounds tried there (each of which first catches every row's draft up). ``specdec
+    serve`` calls it while it loads (a few seconds for the CPU default pair); the rounds' own times replace
+    these as they come. Returns {"target": {tokens: s}, "draft": {rows: s}}; nothing where the engine has no
+    draft model, or does not decide by measured costs, or holds requests."""
+    if engine.draft_session is None or engine.speculation != "measured" or engine.busy:
+        return {}
+    sizes = sorted({b for b in (1, 2, 4, 8, 16, 32, 64) if b <= engine.max_batch} | {engine.max_batch})
+    context = max(1, min(context, engine.max_positions - max(widths) - 1))
+    vocab = min(engine.target.vocab_size, engine.draft_model.vocab_size)
+    ids = [(7 * i) % (vocab - 1) + 1 for i in range(context)]  # any tokens: a pass's time does not depend on them
+    token = torch.tensor([ids[-1]], dtype=torch.long, device=engine.target.device)
+    times: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+
+    def timed(session: BatchSession, rows: int, width: int) -> float:
+        best = float("inf")
+        for _ in range(1 if times["target"] or times["draft"] else 2):  # (a first pass may pay for buffers)
+            start = engine.clock.mark()
+            session.extend([token.repeat(width)] * rows, [width] * rows)
+            best = min(best, engine.clock.seconds(start, engine.clock.mark()))
+            for slot in range(rows):
+                session.rollback(slot, context)
+        return best
+
+    for name, session in (("target", engine.target_session), ("draft", engine.draft_session)):
+        session.prefill(0, ids)
+        for slot in range(1, engine.max_batch):
+            session.move(0, slot)
+        for rows in sizes:
+            for width in (widths if name == "target" else (1,)):
+                times[name][rows * width if name == "target" else rows] = timed(session, rows, width)
+        for slot in range(engine.max_batch):
+            session.rollback(slot, 0)
+    for tokens, seconds in times["target"].items():
+        engine.gamma_policy.target_time.observe(tokens, seconds)
+    for rows, seconds in times["draft"].items():
+        engine.gamma_policy.draft_time.observe(rows, seconds)
+    return times
+
+def report(engine: Any) -> dict:
+    """How the batch speculates, measured (``specdec serve``'s /health): the mode, the gamma last chosen per
+    batch size, the pass times per tokens fed and the draft step per rows it decides from, the gate's rates."""
+    policy = engine.gamma_policy
+    return {"speculation": engine.speculation, "rounds": engine.rounds,
+            "gamma_by_rows": dict(sorted(policy.decided.items())),
+            "pass_seconds": {n: round(t, 4) for n, t in sorted(policy.target_time.items())},
+            "draft_step_seconds": {b: round(t, 4) for b, t in sorted(policy.draft_time.items())},
+            **({"gate": engine.gate.report()} if engine.gate is not None else {})}
+
+def draft_prefills(engine: Any, rows: int) -> bool:
+    """Whether a model-drafted row joining a batch of ``rows`` rows (itself included) has its draft prefilled
+    with its prompt as it goes in. Where the batch drafts nothing at that size, or has not decided yet
+    (``speculation="measured"``), its draft catches up once it drafts, a chunk a round
+    (:func:`~specdec.batch.drafting.propose_model`): the same passes, and none where the batch stays plain."""
+    if engine.gate is not None:
+        return engine.gate.settled(rows) is not False
+    if engine.speculation == "measured" and rows >= 2:
+        return engine.gamma_policy.drafts_at(max(rows, engine.soon()))
+    return True

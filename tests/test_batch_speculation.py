@@ -1,0 +1,102 @@
+"""How much a batch's rows draft (specdec.batch.engine, speculation="measured", the default): Theorem 8 over the
+batch's measured costs caps every model-drafted row's gamma, so rows draft fewer tokens, or none, as the batch grows;
+where it drafts nothing a joining row's draft is not prefilled, and catches up once the batch drafts again."""
+
+import pytest
+
+import specdec
+from specdec.batch.engine import BatchEngine, BatchGamma
+from specdec.config import GenerationConfig
+from specdec.errors import SpecDecError
+from specdec.schedules import DecayedTimes
+from test_batch_alone import quantized_pair
+from test_batching import PROMPTS, quantizations
+
+
+def flat_then_linear(n: int) -> float:
+    """A CPU's batched pass: bound by reading the weights up to 8 tokens (60 ms), then 8 ms a token more."""
+    return 0.060 + 0.008 * max(n - 8, 0)
+
+
+def test_the_pass_time_is_read_piecewise_between_measured_sizes():
+    times = DecayedTimes()
+    assert times.at(4) is None  # nothing to read before two sizes
+    for n in (1, 8, 16, 40):
+        times.observe(n, flat_then_linear(n))
+    assert times.at(1) == times.at(0) == pytest.approx(0.060)  # below the smallest: its time
+    assert times.at(5) == pytest.approx(0.060) and times.at(12) == pytest.approx(flat_then_linear(12))
+    assert times.at(24) == pytest.approx(flat_then_linear(24))  # between 16 and 40
+    assert times.at(64) == pytest.approx(flat_then_linear(64))  # past the largest: the last slope
+
+
+def test_the_batch_gamma_follows_a_pass_time_that_is_flat_then_grows():
+    """Theorem 8 with the batch's pass: one row of alpha 0.8 drafts 4 (its optimum when a pass of up to 8 tokens
+    costs what one token does), eight rows draft none (8 rows x 2 tokens cost 2.1 plain passes for 1.8 tokens a
+    row). A least-squares line through the same points (the old reading) has a pass's time grow from its first
+    token, and drafted 1 at one row."""
+    policy = BatchGamma(gamma=4, max_gamma=12)
+    for rows, width in ((1, 1), (1, 5), (8, 1), (2, 1), (2, 8), (8, 5)):
+        policy.observe(rows, width, flat_then_linear(rows * width), 4, 4 * 0.012)
+        policy.observe(rows, width, flat_then_linear(rows * width), 4, 4 * 0.012)  # (a round after a drafting one)
+    assert policy.choose([0.8]) == 4
+    assert policy.choose([0.8] * 8) == 0 and policy.decided == {1: 4, 8: 0} and not policy.drafts_at(8)
+    assert policy.choose([0.8] * 2) == 3 and policy.drafts_at(2)  # 2 x 4 tokens: still one flat pass
+    assert policy.choose([0.8], max_gamma=3) == 3  # at most the rows' own gamma
+    assert policy.choose([0.8] * 4) == 0 and 4 not in policy.decided  # 4 rows: plain decoding's pass timed first
+    policy.observe(4, 1, flat_then_linear(4), 0, 0.0)
+    assert [policy.choose([0.8] * 4) for _ in range(policy.probe_every)] == [1] * policy.probe_every  # 4 x 2 tokens: one flat pass
+    assert policy.choose([0.8] * 4) == 0  # and again every probe_every rounds at that batch size
+
+
+class ScriptedGamma(BatchGamma):
+    """The batch's gamma as a script says per batch size (the engine's wiring, apart from measured times)."""
+
+    def __init__(self, by_rows, **kwargs):
+        super().__init__(**kwargs)
+        self.by_rows, self.asked = by_rows, []
+
+    def choose(self, alphas, rows=None, max_gamma=None):
+        self.asked.append((len(alphas), rows, max_gamma))
+        best = min(self.by_rows(rows), max_gamma)
+        self.decided[rows] = best
+        return best
+
+
+@pytest.mark.parametrize("method", quantizations())
+def test_rows_draft_at_most_the_batch_gamma_and_a_late_draft_catches_up(method):
+    """Three rows draft nothing (the batch's gamma 0 there), two rows at most 2, a lone row its own gamma: greedy
+    rows still give specdec.generate's tokens; a row that joined a batch of three had no draft prefill, and drafts
+    once the batch is down to two (its draft caught up with its prompt and the tokens since), unless it has too few
+    tokens left to pay for that catch-up."""
+    target, draft = quantized_pair("llama", method)
+    engine = BatchEngine(target, draft, max_batch=3)
+    engine.gamma_policy = ScriptedGamma(lambda rows: 0 if rows >= 3 else 2, gamma=4, max_gamma=8)
+    configs = [GenerationConfig(max_new_tokens=n, gamma=g) for n, g in ((20, 4), (6, 3), (14, 1), (120, 4), (10, 4))]
+    prompts = [(PROMPTS[i] * 12)[:90] for i in range(5)]  # long enough that a late draft is far behind (> CATCH_UP)
+    rows = [engine.add(p, c) for p, c in zip(prompts, configs)]
+    widths = []
+    while engine.busy:
+        before = len(engine.passes)
+        engine.step()
+        widths += engine.passes[before:]
+    alone = [specdec.generate(target, p, draft=draft, config=c) for p, c in zip(prompts, configs)]
+    assert [r.output.token_ids for r in rows] == [a.token_ids for a in alone]
+    assert all(w == 1 for b, w in widths if b == 3)  # three rows: plain passes
+    assert any(w == 3 for b, w in widths if b == 2) and all(w <= 3 for b, w in widths if b == 2)  # k <= 2
+    assert (3, 3, 4) in engine.gamma_policy.asked  # three model rows, the widest own gamma 4
+    assert not rows[3].fill_draft and rows[3].output.stats.drafted > 0  # no draft prefill at 3 rows, drafted later
+    assert not rows[4].fill_draft and rows[4].output.stats.drafted == 0  # too few tokens left to pay its catch-up
+
+
+def test_a_sampled_row_draws_what_it_draws_alone_with_speculation_rows():
+    target, draft = quantized_pair("llama", "int8")
+    configs = [GenerationConfig(max_new_tokens=12, gamma=3, temperature=1.0, seed=i) for i in range(3)]
+    outs = specdec.generate_batch(target, PROMPTS[:3], draft=draft, configs=configs, speculation="rows")
+    assert [o.token_ids for o in outs] == [specdec.generate(target, p, draft=draft, config=c).token_ids
+                                           for p, c in zip(PROMPTS[:3], configs)]
+
+
+def test_an_unknown_speculation_is_a_clear_error():
+    target, draft = quantized_pair("llama", "int8")
+    with pytest.raises(SpecDecError, match="speculation must be one of measured, gate, rows, got 'always'"):
+        BatchEngine(target, draft, speculation="always")
