@@ -44,7 +44,8 @@ def test_the_batch_gamma_follows_a_pass_time_that_is_flat_then_grows():
     assert policy.choose([0.8], max_gamma=3) == 3  # at most the rows' own gamma
     assert policy.choose([0.8] * 4) == 0 and 4 not in policy.decided  # 4 rows: plain decoding's pass timed first
     policy.observe(4, 1, flat_then_linear(4), 0, 0.0)
-    assert [policy.choose([0.8] * 4) for _ in range(policy.probe_every)] == [1] * policy.probe_every  # 4 x 2 tokens: one flat pass
+    # 4 x 2 tokens: one flat pass
+    assert [policy.choose([0.8] * 4) for _ in range(policy.probe_every)] == [1] * policy.probe_every
     assert policy.choose([0.8] * 4) == 0  # and again every probe_every rounds at that batch size
 
 

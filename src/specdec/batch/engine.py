@@ -193,7 +193,7 @@ class BatchEngine:
         return round_gammas(self)
 
     def calibrate(self, context: int = 128, widths: Sequence[int] = (1, 2, 3, 5)) -> dict:
-        """Time the batch's passes and draft steps and seed its gamma policy (:func:`~specdec.batch.speculation.calibrate`)."""
+        """Time the batch's passes and draft steps, seeding its gamma policy (:func:`.speculation.calibrate`)."""
         return calibrate(self, context, widths)
 
     def report(self) -> dict:

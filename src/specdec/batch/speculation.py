@@ -56,10 +56,10 @@ class BatchGamma:
     does not probe while nothing pays: a probe after plain rounds first feeds the draft every token it missed
     (about 3.5 ms a token for the 0.5B on 2 cores, a sixth of what a plain pass of 7 rows costs a token), and plain
     is the side that cannot lose; it drafts again where its measured costs say so (the plain pass it keeps timing
-    grows with the rows' lengths; fewer rows). T(B), plain decoding's pass, is timed at each batch size before it decides there (a
-    round of gamma 0), and again every ``probe_every`` rounds; until two pass sizes and a draft step have been
-    timed it drafts ``gamma``. ``decided`` keeps the last gamma chosen per batch size (a joining row's draft prefills only
-    where it is not 0)."""
+    grows with the rows' lengths; fewer rows). T(B), plain decoding's pass, is timed at each batch size before it
+    decides there (a round of gamma 0), and again every ``probe_every`` rounds; until two pass sizes and a draft
+    step have been timed it drafts ``gamma``. ``decided`` keeps the last gamma chosen per batch size (a joining
+    row's draft prefills only where it is not 0)."""
 
     def __init__(self, gamma: int, max_gamma: int, decay: float = ADAPTIVE_DECAY, alpha0: float = ADAPTIVE_ALPHA0,
                  probe_every: int = ADAPTIVE_PROBE_EVERY):
@@ -161,8 +161,8 @@ class RowAlpha:
 
 
 def round_gammas(engine: Any) -> list[int]:
-    """Each row of ``engine``'s k this round: its schedule's, capped by the batch's gamma (``speculation="measured"``) for
-    the model-drafted rows; an adaptive row drafts the batch's gamma."""
+    """Each row of ``engine``'s k this round: its schedule's, capped by the batch's gamma for the model-drafted rows
+    (``speculation="measured"``); an adaptive row drafts the batch's gamma."""
     rows = engine.rows
     own = [None if row.draft is None or isinstance(row.schedule, RowAlpha) else row.schedule.next_gamma()
            for row in rows]
@@ -188,6 +188,7 @@ def round_gammas(engine: Any) -> list[int]:
         generated = len(row.sequence) - row.start_len
         ks.append(max(0, min(k, row.limit - generated - 1)))  # n accepted + 1 target token must fit
     return ks
+
 
 def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3, 5)) -> dict:
     """Time the target's pass over B rows x w tokens (w in ``widths``) and the draft's step of B rows, for B in
