@@ -42,9 +42,11 @@ def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vo
     for i, row in enumerate(rows):
         held = session.lengths[i]
         gap = len(row.sequence) - held
-        if drafting[i] and gap > CATCH_UP and row.limit - (len(row.sequence) - row.start_len) < gap * CATCH_UP_PAYS:
+        if not drafting[i] or gap <= CATCH_UP:
+            continue
+        if row.limit - (len(row.sequence) - row.start_len) < gap * CATCH_UP_PAYS:
             drafting[i] = False  # too few tokens left to pay for it: the row goes on plain
-        elif drafting[i] and gap > CATCH_UP:
+        else:
             end = min(len(row.sequence) - 1, held + budget)
             if end > held:
                 session.prefill(i, row.sequence[:end], held)

@@ -72,7 +72,6 @@ __all__ = ["MODEL", "BatchRow", "BatchGamma", "BatchEngine", "batch_drafting", "
 DEFAULT_POSITIONS = 4096  # max_positions when neither the caller nor the target's context says
 
 
-
 class BatchEngine:
     """Continuous batching over ``target`` with an optional batched ``draft_model`` (a LanguageModel with the
     target's tokenizer). ``max_batch`` rows at most; each row holds at most ``max_positions`` positions

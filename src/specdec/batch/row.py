@@ -33,7 +33,7 @@ class BatchRow(RunState):
     filled: int = 0
     draft_filled: int = 0
     fill_draft: bool = False  # whether its model draft is fed the prompt as it goes in
-    alpha: Any = None  # its model draft's AlphaEstimate (the batch's gamma reads it: specdec.schedules.BatchGamma)
+    alpha: Any = None  # its model draft's AlphaEstimate (the batch's gamma reads it: specdec.batch.speculation)
 
     @property
     def alone(self) -> bool:

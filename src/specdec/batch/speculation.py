@@ -169,13 +169,12 @@ def round_gammas(engine: Any) -> list[int]:
     measured = engine.speculation == "measured" and engine.draft_session is not None and len(rows) >= 2
     chosen = [i for i, row in enumerate(rows) if row.draft is not None and (
         isinstance(row.schedule, RowAlpha) or (measured and row.draft == MODEL and own[i] > 0))]
-    shared = 0
     # requests waiting to join: the batch is about to hold more rows; where it would not draft at that size (or has
     # not decided there yet) it stays plain now rather than catch drafts up for a few rounds
     soon = engine.soon()
-    if measured and soon > len(rows) and not engine.gamma_policy.drafts_at(soon):
-        shared = 0
-    elif chosen:  # Theorem 8 over the batch (its pass over B (gamma + 1) tokens), up to the widest row's gamma
+    waits_plain = measured and soon > len(rows) and not engine.gamma_policy.drafts_at(soon)
+    shared = 0
+    if chosen and not waits_plain:  # Theorem 8 over the batch's pass over B (gamma + 1) tokens, up to the widest gamma
         top = max(rows[i].config.gamma_bound if own[i] is None else own[i] for i in chosen)
         alphas = [rows[i].schedule.alpha if own[i] is None else rows[i].alpha.value for i in chosen]
         shared = engine.gamma_policy.choose(alphas, len(rows), top)

@@ -55,7 +55,7 @@ def load_served(args: argparse.Namespace) -> Any:
     if (args.max_batch or 1) > 1:
         engine = batch_engine(target, draft, args.max_batch, args.max_positions, args.gamma, args.gamma_schedule,
                               args.max_gamma, int(args.prefix_cache * 2**20), args.prefill_chunk,
-                              getattr(args, "batch_speculation", "measured"))
+                              args.batch_speculation)
     else:
         prepare_served_steps(target, draft, args.max_positions)
     return serve.Served(model_id=args.target, target=target, draft=draft, draft_label=draft_label(draft),
