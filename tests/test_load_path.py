@@ -539,3 +539,27 @@ def json_of(tokenizer):
     import json
 
     return json.loads(tokenizer.backend_tokenizer.to_str())
+
+
+def test_conversion_child_does_not_rerun_the_callers_script_and_raises_its_error(tmp_path):
+    """The conversion runs in a fresh interpreter that imports specdec alone: a caller's script without a main
+    guard runs once (multiprocessing's spawn ran it again in the child, which then waited forever on the preset's
+    lock), and the child's error is raised in the caller as it was raised there."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "import pathlib, sys\n"
+        "print('script ran', flush=True)\n"
+        "from specdec.models.formats.catalog import get_preset\n"
+        "from specdec.models.formats.gguf_convert import convert_in_child\n"
+        "here = pathlib.Path(sys.argv[1])\n"
+        "try:\n"
+        "    convert_in_child(get_preset('smollm2-135m'), here / 'missing.gguf', here / 'model', False)\n"
+        "except OSError as err:\n"
+        "    print('raised', type(err).__name__, 'missing.gguf' in str(err))\n"
+    )
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.stdout.splitlines() == ["script ran", "raised OSError True"], done.stderr[-2000:]
+    assert not (tmp_path / "model").exists()

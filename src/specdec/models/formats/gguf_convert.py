@@ -134,15 +134,54 @@ def _eos_ids(preset: Preset, model, tokenizer) -> list[int]:
 
 def convert_in_child(preset: Preset, gguf_path: pathlib.Path, out: pathlib.Path, progress: bool, *,
                      variant: str = "bf16", base: bool = True) -> None:
-    """:func:`convert` in a child process (spawned: a fresh interpreter), so the process that goes on to generate
-    never held the conversion's memory (up to 9.5 GB for the 1.5B): the first generation after a conversion ran at
-    half the speed of later ones in the same process (8.0 against 15.7-19.6 tokens/s, Intel Xeon with AVX-512 VNNI and BF16, no AMX, 2026-12-02).
-    Its errors are raised here as they were raised there; its progress bars write to the same terminal."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """:func:`convert` in a child process (a fresh interpreter), so the process that goes on to generate never held
+    the conversion's memory (up to 9.5 GB for the 1.5B): the first generation after a conversion ran at half the
+    speed of later ones in the same process (8.0 against 15.7-19.6 tokens/s, Intel Xeon with AVX-512 VNNI and BF16,
+    no AMX, 2026-12-02). Its errors are raised here as they were raised there; its progress bars write to the same
+    terminal.
 
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pool.submit(convert, preset, gguf_path, out, progress, variant=variant, base=base).result()
+    The child is ``python -c`` on this module, not multiprocessing's spawn: spawn re-runs the caller's main script
+    in the child, and a script without an ``if __name__ == "__main__"`` guard (the README's first example saved as
+    a file) then loaded the preset again there and waited forever on the lock its parent held."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    import specdec
+
+    with tempfile.TemporaryDirectory(prefix=".convert-", dir=out.parent) as work:
+        job = pathlib.Path(work) / "job.pickle"
+        job.write_bytes(pickle.dumps((preset, gguf_path, out, progress, variant, base)))
+        env = dict(os.environ)  # the child imports this specdec, wherever the caller found it
+        root = str(pathlib.Path(specdec.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        code = "import sys; from specdec.models.formats.gguf_convert import _child; _child(sys.argv[1])"
+        done = subprocess.run([sys.executable, "-c", code, str(job)], env=env)
+        error = job.with_suffix(".error")
+        if error.is_file():
+            raise pickle.loads(error.read_bytes())
+        if done.returncode:
+            raise SpecDecError(f"converting model preset {preset.name!r} failed: its process exited with "
+                               f"{done.returncode} (out of memory? it needs up to 9.5 GB for the 1.5B)")
+
+
+def _child(job: str) -> None:
+    """The child's side of :func:`convert_in_child`: run the pickled job; an error goes back pickled."""
+    import pickle
+
+    path = pathlib.Path(job)
+    preset, gguf_path, out, progress, variant, base = pickle.loads(path.read_bytes())
+    try:
+        convert(preset, gguf_path, out, progress, variant=variant, base=base)
+    except BaseException as err:  # (raised again in the parent, as it was raised here)
+        try:
+            blob = pickle.dumps(err)
+        except Exception:
+            blob = pickle.dumps(SpecDecError(f"{type(err).__name__}: {err}"))
+        path.with_suffix(".error").write_bytes(blob)
+        raise SystemExit(1)
 
 
 def convert(
