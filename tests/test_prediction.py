@@ -11,7 +11,8 @@ import torch
 import specdec
 from specdec.batch.engine import BatchEngine
 from specdec.config import GenerationConfig
-from specdec.drafters.prediction import MIN_MATCH, PredictionDrafter, align
+from specdec.drafters.base import Draft, DraftContext, DrafterBase
+from specdec.drafters.prediction import MIN_MATCH, PredictionDrafter, align, replace_all
 from specdec.errors import SpecDecError
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
@@ -45,6 +46,90 @@ def test_a_repeated_line_keeps_its_order():
     prediction = LINE1 + LINE2 + LINE1 + LINE3
     assert align(LINE1, prediction, 0) == 4 and align(LINE1, prediction, 9) == 12  # the one after the anchor
     assert align(LINE1, prediction, 20) == 12  # none after it: the last one before
+
+
+class _Recording(DrafterBase):
+    """A configured draft that proposes nothing and records its starts."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.starts = 0
+
+    def start(self, context):
+        super().start(context)
+        self.starts += 1
+
+    def propose(self, sequence, k):
+        return Draft.empty(self.context.device)
+
+
+def _decode(drafter, prompt, truth, gamma=4):
+    """Greedy verification by hand: each round the drafter proposes, the longest prefix that ``truth`` continues
+    with is accepted and the target's own token follows. The (k, accepted) of each round."""
+    drafter.start(DraftContext(prompt, SamplingParams(), torch.Generator(), 100, max_positions=len(prompt) + 200))
+    sequence, rounds = list(prompt), []
+    while len(sequence) - len(prompt) < len(truth):
+        k = drafter.reach(sequence, gamma)
+        draft = drafter.propose(sequence, k).tokens.tolist()
+        ahead = truth[len(sequence) - len(prompt):]
+        n = next((i for i, (d, t) in enumerate(zip(draft, ahead)) if d != t), min(len(draft), len(ahead)))
+        n = min(n, len(ahead) - 1)
+        drafter.update(n)
+        rounds.append((len(draft), n))
+        sequence += ahead[: n + 1]
+    assert sequence[len(prompt):] == truth
+    return rounds
+
+
+NAME, V2 = [40, 41], [42, 43]  # a function's name in two pieces, and the "_v2" a rename appends
+RENAME = [1, 50, *NAME, 51, *NAME, *V2, 52]  # the request: "rename `name` to `name_v2`"
+
+
+def _file(name):
+    """A "source file" that uses ``name`` three times, each followed by "(" (token 7). (An output ends with an end
+    token, 99, past the prediction.)"""
+    body = [20, 21, 22, 23, 24, 25, 26, 27]
+    return ([30, 31, *name, 7, 32, 33, 34, 5] + body + [35, *name, 7, 36, 37, 5] + body[::-1]
+            + [38, *name, 7, 39, 5])
+
+
+def test_an_edit_made_once_is_drafted_where_its_text_comes_again():
+    """A renamed function: the output departs from the prediction at the first use of the name, rejoins one token
+    later ("(", within the re-synchronisation window), and from then on the prediction has the new name in its
+    later uses: one departure in three uses, the rest of the output drafted from the prediction."""
+    prediction, truth = _file(NAME), _file(NAME + V2) + [99]
+    drafter = PredictionDrafter(prediction, inner=_Recording())
+    rounds = _decode(drafter, RENAME, truth)
+    assert drafter.departures == 1 and drafter.edits == 1
+    assert drafter.prediction == truth[:-1]  # (edited: every use renamed)
+    assert rounds[1][1] == 1  # copying from the request drafted the "_v2"'s second piece
+    assert all(n == k for k, n in rounds[2:])  # and from then on every proposal was right
+    assert drafter.inner.starts == 0  # the inserted tokens came from the context (copying), not the draft model
+
+
+def test_a_one_off_edit_is_learned_back_where_the_output_keeps_the_old_text():
+    """The output renames the first use only: the learned edit is wrong at the next use, the output departs there,
+    and the edit back is learned (the last use is drafted right)."""
+    prediction = _file(NAME)
+    first = prediction.index(7)
+    truth = prediction[:first] + V2 + prediction[first:] + [99]
+    drafter = PredictionDrafter(prediction, inner=_Recording())
+    _decode(drafter, RENAME, truth)
+    assert drafter.departures == 2 and drafter.edits == 2
+
+
+@pytest.mark.parametrize("truth_kind", ["correct", "new line"])
+def test_the_configured_draft_starts_only_where_the_prediction_and_copying_run_out(truth_kind):
+    """On the prediction (and a few tokens off it, which copying from the context drafts) the configured draft is
+    never started, so a model draft's prompt prefill is not paid; an inserted line of new text starts it."""
+    prediction = _file(NAME)
+    new_line = [90, 91, 92, 93, 94, 95, 96, 97, 5]
+    truth = (prediction if truth_kind == "correct" else prediction[:11] + new_line + prediction[11:]) + [99]
+    drafter = PredictionDrafter(prediction, inner=_Recording())
+    _decode(drafter, RENAME, truth)
+    assert drafter.inner.starts == (0 if truth_kind == "correct" else 1)
+    assert drafter.stats().levels == []
 
 
 @pytest.fixture(scope="module")

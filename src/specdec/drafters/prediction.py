@@ -7,8 +7,12 @@ where the last round left off, so that a repeated line keeps its order), the tok
 proposed, many at once where the prediction has been right (:meth:`PredictionDrafter.reach`: it costs no draft
 model, only a wider verification). A rejected token leaves the output off the prediction until its last tokens
 occur in it again: an inserted line is drafted by the configured draft, and where the output rejoins the
-prediction (the line after it, the rest of a changed name) the prediction drafts again. Proposals are one-hot
-drafts verified like any other, so the output is the target's at every temperature.
+prediction (the line after it, the rest of a changed name) the prediction drafts again: within a few tokens of
+where the output left it a match of one or two tokens is enough (:meth:`PredictionDrafter.resync`). There the
+prediction learns the edit: the stretch the output wrote in place of the predicted one is spliced in, and, where
+it is short, made wherever the same text comes again (a renamed function's later calls, its docstring's
+examples), so that an edit made once is drafted, not departed from, the next time. Proposals are one-hot drafts
+verified like any other, so the output is the target's at every temperature.
 
     drafter = PredictionDrafter(target.encode(text, add_special=False), inner=model_drafter)
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from specdec.drafters.base import Draft, DraftContext, Drafter, InFront
+from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterStats, InFront
 
 MAX_MATCH = 12  # the longest output suffix compared with the prediction
 MIN_MATCH = 3  # a shorter common run is no evidence of where the output is (a lone "(" or newline)
@@ -27,6 +31,11 @@ FIRST_REACH = 16  # before the prediction has been checked
 # int4-mixed 1.5B, AVX-512 EPYC, 2026-12-01: 33.4 / 31.5 / 60.7 / 106.7 / 153.9 / 203.6 ms at k = 1 / 4 / 16 / 32 /
 # 48 / 64; docs/predicted_outputs.md)
 PASS_COST_BASE, PASS_COST_PER_TOKEN = 0.4, 0.089
+RESYNC_WINDOW = 8  # after a departure, one or two matching tokens this close after where it left re-synchronise
+EDIT_CONTEXT = 2  # tokens before a departure that place a learned edit (a renamed name's last pieces)
+MAX_EDIT = 16  # a learned edit this short (each side) is made wherever its text comes again
+YOUNG = 6  # tokens off the prediction that prompt lookup drafts before the configured draft starts
+ALPHA_PRIOR, ALPHA_WEIGHT = 0.95, 10  # the prediction's per-token acceptance before it has been checked
 
 
 def align(output: Sequence[int], prediction: Sequence[int], anchor: int = 0) -> int | None:
@@ -40,9 +49,15 @@ def align(output: Sequence[int], prediction: Sequence[int], anchor: int = 0) -> 
     >>> align([9, 9, 9], [1, 2, 3]) is None
     True
     """
+    found = _match(output, prediction, anchor)
+    return None if found is None else found[0]
+
+
+def _match(output: Sequence[int], prediction: Sequence[int], anchor: int) -> tuple[int, int] | None:
+    """:func:`align`'s (end, length of the matched output suffix)."""
     n_out, n_pred = len(output), len(prediction)
     if n_out == 0:
-        return 0 if n_pred else None
+        return (0, 0) if n_pred else None
     for size in range(min(MAX_MATCH, n_out, n_pred), 0, -1):
         if size < MIN_MATCH and size < n_out:
             break  # (a short output may match with all of itself)
@@ -50,8 +65,25 @@ def align(output: Sequence[int], prediction: Sequence[int], anchor: int = 0) -> 
         ends = [i + size for i in range(n_pred - size + 1) if list(prediction[i: i + size]) == tail]
         if ends:
             after = [e for e in ends if e >= anchor]
-            return after[0] if after else ends[-1]
+            return (after[0] if after else ends[-1]), size
     return None
+
+
+def replace_all(tokens: Sequence[int], old: Sequence[int], new: Sequence[int]) -> list[int]:
+    """``tokens`` with every occurrence of ``old`` (left to right, not overlapping) replaced by ``new``.
+
+    >>> replace_all([1, 2, 3, 1, 2], [1, 2], [1, 2, 9])
+    [1, 2, 9, 3, 1, 2, 9]
+    """
+    old, out, i = list(old), [], 0
+    while i < len(tokens):
+        if old and list(tokens[i: i + len(old)]) == old:
+            out += new
+            i += len(old)
+        else:
+            out.append(tokens[i])
+            i += 1
+    return out
 
 
 class PredictionDrafter(InFront):
@@ -60,7 +92,8 @@ class PredictionDrafter(InFront):
     rejected_prediction_tokens: :meth:`report`)."""
 
     def __init__(self, prediction: Sequence[int], inner: Drafter | None = None):
-        self.prediction = [int(t) for t in prediction]
+        self.original = [int(t) for t in prediction]
+        self.prediction = list(self.original)  # (edited as the output departs from it and rejoins: _rejoin)
         self.inner = inner
         self.name = "prediction" if inner is None else f"prediction+{inner.name}"
         self._reset()
@@ -70,21 +103,83 @@ class PredictionDrafter(InFront):
 
         self.passes = DecayedTimes()  # tokens a verification pass fed -> its seconds (this generation's own)
         self.anchor = 0  # where in the prediction the output stood after the last round
-        self._round: tuple[int, int] | None = None  # (position in the prediction, tokens proposed) of this round
-        self.proposed = self.accepted = self.rounds = 0
-        self.alpha = 0.9  # the prediction's recent per-token acceptance (a decayed estimate)
+        # (prediction index, output index) where the output left the prediction, until it rejoins; None: on it
+        self.left: tuple[int, int] | None = None
+        self._round: tuple[int, int, int] | None = None  # (position in the prediction, tokens proposed, output
+        # length) of this round
+        self.proposed = self.accepted = self.rounds = self.departures = self.edits = 0
+        self.alpha = ALPHA_PRIOR  # the prediction's per-token acceptance: accepted / (accepted + departures)
+        self._inner_started = self._from_lookup = False
+
+    @property
+    def inner(self) -> Drafter | None:
+        return self._inner
+
+    @inner.setter
+    def inner(self, drafter: Drafter | None) -> None:
+        """A draft put in front of after the start (a batch row going on alone) has been started by its owner."""
+        self._inner = drafter
+        self._inner_started = drafter is not None and getattr(self, "context", None) is not None
+
+    def stats(self) -> DrafterStats:
+        return self._inner.stats() if self._inner is not None and self._inner_started else DrafterStats()
 
     def start(self, context: DraftContext) -> None:
         super().start(context)
         self.prompt_length = len(context.prompt_ids) if not context.source_ids else 0
-        if self.inner is not None:
-            self.inner.start(context)
-        self._reset()
+        self.prediction = list(self.original)
+        self._reset()  # (the configured draft starts when it first drafts: on an edit the prediction may do it all)
+        from specdec.drafters.prompt_lookup import PromptLookupDrafter
+
+        self.lookup = PromptLookupDrafter()
+        self.lookup.start(context)
 
     def _position(self, sequence: Sequence[int]) -> int | None:
         output = sequence[self.prompt_length:]
-        at = align(output, self.prediction, self.anchor)
+        found = self.resync(output) if self.left is not None else None
+        if found is None:
+            found = _match(output, self.prediction, self.anchor)
+            if found is not None and self.left is not None:
+                found = self._rejoin(output, *found)
+        at = None if found is None else found[0]
         return at if at is not None and at < len(self.prediction) else None
+
+    def resync(self, output: Sequence[int]) -> tuple[int, int] | None:
+        """Off the prediction: (end, size) where the output's last one or two tokens, written since it left,
+        occur within :data:`RESYNC_WINDOW` tokens after where it left (the rest of a changed name, the token after
+        an inserted one), learned as an edit (:meth:`_rejoin`); None: not there."""
+        at, since = self.left  # type: ignore[misc]
+        off = len(output) - since  # tokens written since the output left (the target's own first)
+        for size in (2, 1):
+            if size > off:
+                continue
+            tail = list(output[len(output) - size:])
+            for i in range(at, min(at + RESYNC_WINDOW, len(self.prediction) - size + 1)):
+                if self.prediction[i: i + size] == tail:
+                    return self._rejoin(output, i + size, size)
+        return None
+
+    def _rejoin(self, output: Sequence[int], end: int, size: int) -> tuple[int, int]:
+        """The output, off the prediction since ``self.left``, rejoins it: its last ``size`` tokens are the
+        prediction's up to ``end``. What it wrote in place of the predicted stretch is spliced into the prediction
+        (which then holds the output's text there: later alignment finds this place first), and a short edit
+        (each side at most :data:`MAX_EDIT` tokens, placed by the :data:`EDIT_CONTEXT` tokens before it) is made
+        wherever its text comes again after it. Returns the (end, size) in the edited prediction."""
+        at, since = self.left  # type: ignore[misc]
+        self.left = None
+        start, written = end - size, len(output) - size  # the stretches replaced: prediction[at:start], output[since:written]
+        if start < at or written < since:  # (the match reaches back before the departure: nothing to learn)
+            return end, size
+        context = min(EDIT_CONTEXT, at, since)
+        old, new = self.prediction[at - context: start], list(output[since - context: written])
+        rest = self.prediction[start:]
+        if context == EDIT_CONTEXT and old != new and len(old) - context <= MAX_EDIT and len(new) - context <= MAX_EDIT:
+            rest = replace_all(rest, old, new)
+            self.edits += 1
+        self.prediction = self.prediction[: at - context] + new + rest
+        end += len(new) - len(old)
+        self.anchor = end
+        return end, size
 
     def observe_pass(self, tokens: int, seconds: float) -> None:
         """A verification pass of this generation fed ``tokens`` tokens in ``seconds`` (the loop tells it)."""
@@ -120,25 +215,38 @@ class PredictionDrafter(InFront):
         at = self._position(sequence) if k > 0 else None
         if at is not None:
             run = self.prediction[at: at + k]
-            self._round = (at, len(run))
+            self._round = (at, len(run), len(sequence) - self.prompt_length)
             self.rounds += 1
             self.proposed += len(run)
             draft = Draft.from_ids(run, self.context.device)
             draft.source = "prediction"  # (the playground colours what the target accepted of it)
             return draft
         self._round = None
-        if self.inner is None or k <= 0:
+        self._from_lookup = False
+        if self.inner is None or k <= 0:  # (no draft configured: nothing; a batch row: the batch's draft drafts)
             return Draft.empty(self.context.device)
+        if self.left is not None and len(sequence) - self.prompt_length - self.left[1] <= YOUNG:
+            # just off the prediction (a changed name): copying from the context, free, before the draft model
+            draft = self.lookup.propose(sequence, k)
+            if len(draft):
+                self._from_lookup = True
+                return draft
+        if not self._inner_started:
+            self.inner.start(self.context)
+            self._inner_started = True
         return self.inner.propose(sequence, k)
 
     def update(self, n_accepted: int) -> None:
         if self._round is not None:
-            at, size = self._round
+            at, size, written = self._round
             self.accepted += n_accepted
             self.anchor = at + n_accepted  # (where the target's own token stands: on or off the prediction)
-            observed = n_accepted / size if n_accepted == size else n_accepted / (n_accepted + 1)
-            self.alpha = 0.7 * self.alpha + 0.3 * observed
-        elif self.inner is not None:
+            if n_accepted < size:  # the target's token departs from the prediction there
+                self.left = (at + n_accepted, written + n_accepted)
+                self.departures += 1
+            self.alpha = ((self.accepted + ALPHA_PRIOR * ALPHA_WEIGHT)
+                          / (self.accepted + self.departures + ALPHA_WEIGHT))
+        elif self._inner is not None and self._inner_started and not self._from_lookup:
             self.inner.update(n_accepted)
         self._round = None
 
@@ -146,7 +254,7 @@ class PredictionDrafter(InFront):
         """OpenAI's counts: accepted_prediction_tokens (proposed from the prediction and accepted) and
         rejected_prediction_tokens (proposed from it and not); with the rounds that proposed from it."""
         return {"accepted_prediction_tokens": self.accepted, "rejected_prediction_tokens": self.proposed - self.accepted,
-                "prediction_rounds": self.rounds, "prediction_tokens": len(self.prediction)}
+                "prediction_rounds": self.rounds, "prediction_tokens": len(self.original), "prediction_edits": self.edits}
 
 
 
