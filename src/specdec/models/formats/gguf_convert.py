@@ -149,13 +149,11 @@ def convert_in_child(preset: Preset, gguf_path: pathlib.Path, out: pathlib.Path,
     import sys
     import tempfile
 
-    import specdec
-
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=out.parent) as work:
         job = pathlib.Path(work) / "job.pickle"
         job.write_bytes(pickle.dumps((preset, gguf_path, out, progress, variant, base)))
         env = dict(os.environ)  # the child imports this specdec, wherever the caller found it
-        root = str(pathlib.Path(specdec.__file__).resolve().parent.parent)
+        root = str(pathlib.Path(__file__).resolve().parents[3])  # (src/specdec/models/formats/this file)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         code = "import sys; from specdec.models.formats.gguf_convert import _child; _child(sys.argv[1])"
         done = subprocess.run([sys.executable, "-c", code, str(job)], env=env)
