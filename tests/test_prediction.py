@@ -48,6 +48,12 @@ def test_a_repeated_line_keeps_its_order():
     assert align(LINE1, prediction, 20) == 12  # none after it: the last one before
 
 
+def test_replace_all_replaces_every_occurrence_left_to_right_without_overlaps():
+    assert replace_all([1, 2, 3, 1, 2], [1, 2], [1, 2, 9]) == [1, 2, 9, 3, 1, 2, 9]  # an insertion after each
+    assert replace_all([7, 7, 7], [7, 7], [8]) == [8, 7]  # not overlapping
+    assert replace_all([1, 2, 3], [4], [5]) == [1, 2, 3]
+
+
 class _Recording(DrafterBase):
     """A configured draft that proposes nothing and records its starts."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from specdec.drafters.base import Draft, DraftContext, Drafter, DrafterStats, InFront
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
 MAX_MATCH = 12  # the longest output suffix compared with the prediction
 MIN_MATCH = 3  # a shorter common run is no evidence of where the output is (a lone "(" or newline)
@@ -96,7 +97,6 @@ class PredictionDrafter(InFront):
 
     def __init__(self, prediction: Sequence[int], inner: Drafter | None = None):
         self.original = [int(t) for t in prediction]
-        self.prediction = list(self.original)  # (edited as the output departs from it and rejoins: _rejoin)
         self.inner = inner
         self.name = "prediction" if inner is None else f"prediction+{inner.name}"
         self._reset()
@@ -105,6 +105,7 @@ class PredictionDrafter(InFront):
         from specdec.schedules import DecayedTimes
 
         self.passes = DecayedTimes()  # tokens a verification pass fed -> its seconds (this generation's own)
+        self.prediction = list(self.original)  # (edited as the output departs from it and rejoins: _rejoin)
         self.anchor = 0  # where in the prediction the output stood after the last round
         # (prediction index, output index) where the output left the prediction, until it rejoins; None: on it
         self.left: tuple[int, int] | None = None
@@ -132,10 +133,7 @@ class PredictionDrafter(InFront):
     def start(self, context: DraftContext) -> None:
         super().start(context)
         self.prompt_length = len(context.prompt_ids) if not context.source_ids else 0
-        self.prediction = list(self.original)
         self._reset()  # (the configured draft starts when it first drafts: on an edit the prediction may do it all)
-        from specdec.drafters.prompt_lookup import PromptLookupDrafter
-
         self.lookup = PromptLookupDrafter()
         self.lookup.start(context)
 
