@@ -19,19 +19,24 @@ from tiny import load_tiny, tiny_gemma3
 pytestmark = pytest.mark.skipif(not extension.cpu_supported(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """The number of passes the decoder step computed (not None) in the test, so far."""
+def count_passes(monkeypatch, name: str) -> list[int]:
+    """[the number of passes decoder_step.<name> computed (not None) in the test, so far]."""
     used = [0]
-    original = decoder_step.step
+    original = getattr(decoder_step, name)
 
     def counting(*args, **kwargs):
         logits = original(*args, **kwargs)
         used[0] += logits is not None
         return logits
 
-    monkeypatch.setattr(decoder_step, "step", counting)
+    monkeypatch.setattr(decoder_step, name, counting)
     return used
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The one-sequence passes the decoder step computed."""
+    return count_passes(monkeypatch, "step")
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
@@ -109,3 +114,52 @@ def test_biases_in_every_projection_give_transformers_bits():
     decoder_step.set_enabled(model.hf_model, False)
     lean_attention.uninstall(model.hf_model)
     assert torch.equal(ours, passes(model))
+
+
+@pytest.fixture
+def counted_rows(monkeypatch):
+    """The ragged batch passes the decoder step computed."""
+    return count_passes(monkeypatch, "step_rows")
+
+
+def ragged_passes(model):
+    """Logits of a batch session's passes: prompts of 3 to 9 tokens in four slots (one kept in part, as the prefix
+    cache starts a row), ragged feeds of 0 to 5 tokens, a rollback, a row leaving (the last slot moved into its
+    place), and a long prefill into a slot while the others hold their rows."""
+    from specdec.models.sessions.batch_session import BatchSession
+
+    ids = SEQ + SEQ[1:]  # 81 ids
+    session = BatchSession(model, 4, 128)
+    out = [session.prefill(slot, ids[slot: slot + 3 + 2 * slot]) for slot in range(4)]  # [V] each
+    kept = session.read_row(1)
+    session.write_row(2, kept, 3)  # slot 2 starts from slot 1's first 3 positions
+    out.append(session.prefill(2, ids[1:4] + ids[20:25], start=3))
+    feeds = [torch.tensor(ids[10:15]), torch.tensor(ids[15:16]), torch.tensor([], dtype=torch.long),
+             torch.tensor(ids[16:19])]
+    out += session.extend(feeds, [5, 1, 0, 2])
+    session.rollback(0, session.lengths[0] - 3)  # three of the five rejected
+    out += session.extend([torch.tensor(ids[30:32]), torch.tensor(ids[32:36]), torch.tensor(ids[36:37]),
+                           torch.tensor(ids[37:38])], [2, 4, 1, 1])
+    session.move(3, 1)  # slot 1's row left
+    out += session.extend([torch.tensor(ids[40:41]), torch.tensor(ids[41:43]), torch.tensor(ids[43:44])], [1, 2, 1])
+    out.append(session.prefill(3, ids[:70]))  # a long prompt (wider than a serial pass) into the free slot
+    out += session.extend([torch.tensor(ids[44:45])] * 4, [1] * 4)
+    return torch.cat([o.reshape(-1, o.shape[-1]) for o in out])
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_ragged_batch_passes_give_transformers_bits(kind, method, n_threads, counted_rows):
+    """A batch session's passes (rows at their own lengths, padded to the widest, some fed nothing) through the
+    decoder step give transformers' forward's logits bit for bit, and so the same keys and values after."""
+    torch.set_num_threads(n_threads)
+    model = quantized_copy(load_tiny(kind, eos=None, hidden=128), method)
+    ours = ragged_passes(model)
+    assert counted_rows[0] >= 6  # every pass after the first (which allocates the buffers)
+    decoder_step.set_enabled(model.hf_model, False)
+    lean_attention.uninstall(model.hf_model)
+    used = counted_rows[0]
+    theirs = ragged_passes(model)
+    assert counted_rows[0] == used
+    assert torch.equal(ours, theirs)

@@ -9,6 +9,8 @@ import specdec
 from specdec.batch.engine import MODEL, BatchEngine
 from specdec.config import GenerationConfig
 from specdec.batch.prefix_cache import MIN_REUSE, PrefixCache
+from specdec.models.kernels import int8_matmul
+from specdec.models.native.row_attention import KERNEL_ATTRIBUTE
 from test_batching import quantizations
 from test_quantize import quantized_copy
 from tiny import load_tiny, perturbed, tiny_gemma3
@@ -110,6 +112,21 @@ def test_no_prefix_cache_where_a_reused_prefix_could_differ():
     assert BatchEngine(llama, None).prefix_cache is None  # off unless asked (specdec serve asks: --prefix-cache)
     with pytest.raises(ValueError, match="budget"):
         PrefixCache(-1)
+
+
+@pytest.mark.skipif("fbgemm" not in int8_matmul.available(), reason="no fbgemm in this torch build")
+def test_no_prefix_cache_or_chunks_for_an_int8_target_without_specdecs_kernels():
+    """On fbgemm (no specdec kernels: SPECDEC_KERNELS=off, a failed build) a one-pass prefill is torch's causal SDPA
+    and a later chunk's rows are not, so neither a kept prefix nor prefill chunks would give its bits."""
+    before = int8_matmul._chosen
+    int8_matmul.use("fbgemm")
+    try:
+        llama = quantized_copy(load_tiny(eos=None, hidden=128), "int8")
+    finally:
+        int8_matmul._chosen = before
+    assert llama.block_invariant and getattr(llama.hf_model, KERNEL_ATTRIBUTE) is None
+    engine = BatchEngine(llama, None, prefix_cache_bytes=1 << 20, prefill_chunk=16)
+    assert engine.prefix_cache is None and engine.prefill_chunk == 0
 
 
 def test_the_server_reports_cached_tokens_and_a_cached_turn_answers_as_a_fresh_one(monkeypatch):

@@ -20,10 +20,14 @@ def prefix_cache(target: Any, budget_bytes: int) -> PrefixCache | None:
 
 def reuse_keeps_bits(target: Any) -> bool:
     """Whether a prompt fed in parts after kept positions (a reused prefix, prefill chunks) gives a one-pass prefill's
-    bits: a block-invariant target without sliding windows."""
+    bits: a block-invariant target without sliding windows whose attention runs on specdec's extension (each row of
+    a prefill over its own prefix, as a later chunk's rows; without it a one-pass prefill is torch's causal SDPA,
+    whose bits for a row depend on the prompt's length)."""
     from specdec.models.cache.static_cache import sliding_windows
+    from specdec.models.native.row_attention import KERNEL_ATTRIBUTE
 
-    return bool(target.block_invariant) and not any(sliding_windows(target.hf_model.config))
+    return (bool(target.block_invariant) and getattr(target.hf_model, KERNEL_ATTRIBUTE, None) is not None
+            and not any(sliding_windows(target.hf_model.config)))
 
 
 def reuse_prefix(engine: Any, slot: int, row: BatchRow) -> tuple[int, int]:

@@ -10,8 +10,13 @@ same order on the same shapes, so the logits are the Python path's bit for bit (
 every exactness property of the model stands. The embedding, the rotary table, the final norm and the LM head stay
 transformers' modules (once per step).
 
-Anything else (a pass from position 0, another architecture, a sliding window, a batch of sequences, a float model,
-a layer switched to torch's per-pass scale) runs transformers' forward: :func:`step` returns None there.
+:func:`step_rows` does the same for a ragged batch of sequences (:class:`~specdec.models.sessions.batch_session.BatchSession`,
+each row at its own length, a pass's rows padded to the widest): what transformers' forward computes there with the
+row attention's ragged spans, the same bits, so a batched row still equals the sequence alone.
+
+Anything else (a pass from position 0 of the one-sequence engine, another architecture, a sliding window, a float
+model, a layer switched to torch's per-pass scale) runs transformers' forward: :func:`step` and :func:`step_rows`
+return None there.
 """
 
 from __future__ import annotations
@@ -134,18 +139,28 @@ def set_enabled(hf_model: Any, enabled: bool) -> None:
         object.__setattr__(body, _ATTRIBUTE, None if enabled else False)
 
 
+def _runner(hf_model: Any, n_layers: int) -> Any:
+    """``hf_model``'s DecoderStep where a pass of it may run now (the row attention on, every kernel still pinned, one
+    layer per cache layer), else None."""
+    if hf_model.training or hf_model.config._attn_implementation != row_attention.NAME:
+        return None
+    runner = decoder_step(hf_model)
+    if runner is None or runner.layers() != n_layers or not all(k.pinned for k in runner.kernel_layers):
+        return None  # (a layer switched to torch's per-pass scale since the build: transformers' forward)
+    return runner
+
+
 def step(hf_model: Any, cache: Any, ids: torch.Tensor, n_logits: int) -> torch.Tensor | None:
     """Logits [1, n_logits, V] of the new tokens ``ids`` [1, k] after the positions ``cache`` (specdec's preallocated
     DynamicCache) holds, its buffers written; None where this path does not apply (the caller runs the forward)."""
     layers = getattr(cache, "layers", None)
     if (not layers or not all(isinstance(layer, PreallocatedLayer) for layer in layers)
             or not getattr(layers[0], "is_initialized", False) or not layers[0].length
-            or hf_model.training or hf_model.config._attn_implementation != row_attention.NAME
             or row_attention._BATCH_ROWS.get() is not None):
         return None
-    runner = decoder_step(hf_model)
-    if runner is None or runner.layers() != len(layers) or not all(k.pinned for k in runner.kernel_layers):
-        return None  # (a layer switched to torch's per-pass scale since the build: transformers' forward)
+    runner = _runner(hf_model, len(layers))
+    if runner is None:
+        return None
     body, length, k = hf_model.model, layers[0].length, int(ids.shape[1])
     end = length + k
     if any(layer.length != length for layer in layers):
@@ -165,3 +180,30 @@ def step(hf_model: Any, cache: Any, ids: torch.Tensor, n_logits: int) -> torch.T
             layer.filled(end)
         hidden = body.norm(hidden)
         return hf_model.lm_head(hidden[:, -n_logits:])  # [1, n_logits, V]
+
+
+def step_rows(hf_model: Any, cache: Any, active: slice, ids: torch.Tensor, positions: torch.Tensor,
+              lengths: list[int], spans: list[tuple[int, int]], n_logits: int) -> torch.Tensor | None:
+    """Logits [B, n_logits, V] of a ragged batch pass: row b of ``ids`` / ``positions`` [B, w] feeds a sequence
+    ``spans[b] = (start, n)`` (n tokens at positions start = ``lengths[b]`` ..; the rest of the row padding) on the
+    rows ``active`` of ``cache`` (specdec's StaticKVCache, [R, H_kv, C, D] buffers, every one allocated); its buffers
+    written as transformers' pass writes them. None where this path does not apply (the caller runs the forward)."""
+    keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+    if (not keys or any(k is None for k in keys) or any(v is None for v in values) or any(cache.windows)
+            or ids.device.type != "cpu"):
+        return None
+    keys, values = [k[active] for k in keys], [v[active] for v in values]  # [B, H_kv, C, D] views
+    runner = _runner(hf_model, len(keys))
+    if runner is None:
+        return None
+    body, width = hf_model.model, int(ids.shape[1])
+    with threads.serial_pass(hf_model, width):
+        hidden = body.embed_tokens(ids)  # [B, w, H]
+        cos, sin = body.rotary_emb(hidden, positions)  # [B, w, D] each
+        if hidden.dtype != torch.float32 or cos.shape != (ids.shape[0], width, runner.head_dim):
+            return None
+        starts, ends = row_attention._batch_spans(spans, width, None)  # [B, w] each: row (b, i)'s keys
+        hidden = runner.forward_rows(hidden, cos, sin, keys, values, list(lengths), starts, ends,
+                                     extension.amx_from(), threads.kernel_threads() or 0)  # [B, w, H]
+        hidden = body.norm(hidden)
+        return hf_model.lm_head(hidden[:, -n_logits:])  # [B, n_logits, V]

@@ -15,7 +15,9 @@ row's bits equal what it gets alone from :func:`specdec.generate`):
   having the last slot's row copied into its place (:meth:`BatchSession.move`), so the live rows are
   always slots 0..B-1 and a pass over them reads a view.
 
-Beam search keeps its batch (rows of one length) in the same cache class (:mod:`specdec.beam.batch_kv`).
+A model on specdec's CPU kernels runs each pass's decoder layers in one extension call
+(:func:`specdec.models.native.decoder_step.step_rows`: the same bits as transformers' forward, which runs
+otherwise). Beam search keeps its batch (rows of one length) in the same cache class (:mod:`specdec.beam.batch_kv`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.models.cache.kv_cache import cache_keyword
+from specdec.models.native import decoder_step
 from specdec.models.native.row_attention import exact_rows
 from specdec.models.cache.static_cache import StaticKVCache
 
@@ -53,8 +56,19 @@ class BatchSession:
                  end: int, spans: list[tuple[int, int]]) -> torch.Tensor:
         """ids / positions [B, w] for the rows of ``active``, none past position ``end``; logits [B, n_logits, V].
         Attention reads positions [0, end rounded up to VISIBLE_STEP) only (what the rows hold). spans: per
-        row (first position, tokens fed); a block-invariant model attends each row as it would alone."""
+        row (first position, tokens fed); a block-invariant model attends each row as it would alone. A model on
+        specdec's kernels runs its decoder layers in one call (:func:`~specdec.models.native.decoder_step.step_rows`,
+        the same bits) once its buffers exist; otherwise (and for the first pass, which allocates them) transformers'
+        forward runs."""
         cache = self.cache
+        if self.model.block_invariant:
+            with torch.inference_mode():
+                logits = decoder_step.step_rows(self.model.hf_model, cache, active, ids, positions,
+                                                [start for start, _ in spans], spans, n_logits)
+            if logits is not None:
+                self.forward_passes += 1
+                self.last_pass_tokens = int(ids.numel())
+                return logits
         cache.active, cache.positions = active, positions
         cache.visible = min(self.capacity, -(-end // VISIBLE_STEP) * VISIBLE_STEP)
         masks = cache.attention_masks(positions, cache.dtype)  # [B, 1, w, C] each

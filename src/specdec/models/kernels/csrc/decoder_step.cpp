@@ -18,6 +18,7 @@
 // caller's threads (specdec.models.kernels.threads): `kernel_threads` > 0 does the same here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -119,15 +120,50 @@ class DecoderStep {
                         const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                         int64_t length, int64_t amx_from, int64_t kernel_threads) {
     TORCH_CHECK(h.dim() == 3 && h.scalar_type() == torch::kFloat32, "decoder step: h must be float32 [B, L, H]");
-    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(),
-                "decoder step: one key and one value buffer per layer");
-    const int64_t B = h.size(0), L = h.size(1), H = h.size(2), end = length + L;
-    for (size_t i = 0; i < layers_.size(); ++i)
-      TORCH_CHECK(keys[i].size(2) >= end && values[i].size(2) >= end, "decoder step: the cache buffers hold ",
-                  keys[i].size(2), " positions; ", end, " needed");
+    const int64_t B = h.size(0), L = h.size(1), end = length + L;
     // each row's keys: positions 0 .. its own (row_attention's spans of a pass without a mask)
     const auto ends = at::arange(end - L + 1, end + 1, torch::kLong).expand({B, L}).contiguous();  // [B, L]
-    const auto starts = at::zeros_like(ends);
+    return run(std::move(h), cos, sin, keys, values, std::vector<int64_t>(B, length), at::zeros_like(ends), ends,
+               amx_from, kernel_threads);
+  }
+
+  // A ragged batch (specdec.models.sessions.batch_session): row b of h [B, L, H] holds the tokens of a sequence at
+  // positions lengths[b] .. lengths[b] + L - 1 (past the tokens it was fed: padding, whose keys land past its length,
+  // hidden by its spans and overwritten by its next tokens, as transformers' batch pass writes them); keys / values
+  // per layer: buffers [R >= B, H_kv, capacity, D], row b's new keys written at [lengths[b], lengths[b] + L); query
+  // row (b, i) attends over keys [starts[b, i], ends[b, i]) ([B, L] long; an empty span: a padding row, zeros).
+  torch::Tensor forward_rows(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
+                             const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                             const std::vector<int64_t>& lengths, const torch::Tensor& starts,
+                             const torch::Tensor& ends, int64_t amx_from, int64_t kernel_threads) {
+    TORCH_CHECK(h.dim() == 3 && h.scalar_type() == torch::kFloat32, "decoder step: h must be float32 [B, L, H]");
+    const int64_t B = h.size(0), L = h.size(1);
+    TORCH_CHECK(static_cast<int64_t>(lengths.size()) == B, "decoder step: ", lengths.size(), " lengths for ", B,
+                " rows");
+    TORCH_CHECK(starts.dim() == 2 && starts.size(0) == B && starts.size(1) == L && ends.sizes() == starts.sizes() &&
+                    starts.scalar_type() == torch::kLong && ends.scalar_type() == torch::kLong,
+                "decoder step: starts and ends must be long [B, L]");
+    return run(std::move(h), cos, sin, keys, values, lengths, starts, ends, amx_from, kernel_threads);
+  }
+
+ private:
+  // Every layer over h [B, L, H]: row b's keys and values written at [at[b], at[b] + L) of the buffers' row b, query
+  // row (b, i) attending over keys [starts[b, i], ends[b, i]).
+  torch::Tensor run(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
+                    const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                    const std::vector<int64_t>& at, const torch::Tensor& starts, const torch::Tensor& ends,
+                    int64_t amx_from, int64_t kernel_threads) {
+    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(),
+                "decoder step: one key and one value buffer per layer");
+    const int64_t B = h.size(0), L = h.size(1), H = h.size(2);
+    int64_t end = 0;  // the keys the pass reads: [0, end)
+    for (const int64_t a : at) end = std::max(end, a + L);
+    for (size_t i = 0; i < layers_.size(); ++i)
+      TORCH_CHECK(keys[i].size(0) >= B && values[i].size(0) >= B && keys[i].size(2) >= end &&
+                      values[i].size(2) >= end,
+                  "decoder step: the cache buffers hold ", keys[i].size(0), " rows of ", keys[i].size(2),
+                  " positions; ", B, " rows of ", end, " needed");
+    const bool even = std::all_of(at.begin(), at.end(), [&](int64_t a) { return a == at[0]; });
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       auto x = rms_norm(h, layer.norm_in, layer.eps_in).reshape({B * L, H});  // [M, H]
@@ -136,9 +172,17 @@ class DecoderStep {
       auto qk = rotary(qkv[0].view({B, L, -1, head_dim_}), qkv[1].view({B, L, -1, head_dim_}), cos,
                        sin);  // q [B, H_q, L, D], k [B, H_kv, L, D]
       auto v = qkv[2].view({B, L, -1, head_dim_}).transpose(1, 2);  // [B, H_kv, L, D]
-      keys[i].narrow(2, length, L).copy_(qk[1]);
-      values[i].narrow(2, length, L).copy_(v);
-      auto attended = row_attention(qk[0], keys[i].narrow(2, 0, end), values[i].narrow(2, 0, end), starts, ends,
+      const auto key_rows = keys[i].narrow(0, 0, B), value_rows = values[i].narrow(0, 0, B);  // [B, H_kv, C, D]
+      if (even) {
+        key_rows.narrow(2, at[0], L).copy_(qk[1]);
+        value_rows.narrow(2, at[0], L).copy_(v);
+      } else {
+        for (int64_t b = 0; b < B; ++b) {
+          key_rows.select(0, b).narrow(1, at[b], L).copy_(qk[1].select(0, b));
+          value_rows.select(0, b).narrow(1, at[b], L).copy_(v.select(0, b));
+        }
+      }
+      auto attended = row_attention(qk[0], key_rows.narrow(2, 0, end), value_rows.narrow(2, 0, end), starts, ends,
                                     c10::nullopt, scaling_);  // [B, L, H_q, D]
       auto o = linear_parts(layer.o, attended.reshape({B, L, -1}).contiguous().view({B * L, -1}), amx_from,
                             kernel_threads)[0];  // [M, H]
@@ -153,7 +197,6 @@ class DecoderStep {
     return h;
   }
 
- private:
   int64_t head_dim_;
   double scaling_;
   std::vector<Layer> layers_;
@@ -164,5 +207,6 @@ void bind_decoder_step(pybind11::module& m) {
       .def(pybind11::init<int64_t, double>())
       .def("add_layer", &DecoderStep::add_layer)
       .def("layers", &DecoderStep::layers)
-      .def("forward", &DecoderStep::forward, pybind11::call_guard<pybind11::gil_scoped_release>());  // (no Python inside)
+      .def("forward", &DecoderStep::forward, pybind11::call_guard<pybind11::gil_scoped_release>())  // (no Python inside)
+      .def("forward_rows", &DecoderStep::forward_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
