@@ -1,9 +1,9 @@
-"""What a batch's passes cost with the decoder step and with transformers' forward: the batch engine of ``specdec serve``
-(the CPU default pair), its target's pass over 1-8 rows x 1-5 tokens and its draft's step over 1-8 rows, timed by
-``BatchEngine.calibrate`` (the times the batch's speculation decides from) with the models' ragged passes through
-specdec's decoder step (:func:`specdec.models.native.decoder_step.step_rows`, the default) and through transformers'
-forward, alternately (``--rounds`` each, the best time per cell kept), in one process. Both give the same bits (a
-check at the end: one round of 4 rows, logits ``torch.equal``).
+"""What a batch's passes cost with the decoder step and with transformers' forward: the batch engine of
+``specdec serve`` (the CPU default pair), its target's pass over 1-8 rows x 1-5 tokens and its draft's step over 1-8 rows, timed by
+``BatchEngine.calibrate`` (the times the batch's speculation decides from) with the models' batch passes through
+specdec's decoder step, packed (:func:`specdec.models.native.decoder_step.step_packed`, the default), and through
+transformers' padded forward, alternately (``--rounds`` each, the best time per cell kept), in one process. Both
+give the same bits (a check at the end: one round of 4 ragged rows, logits ``torch.equal``).
 
     python scripts/batch_passes.py --rounds 3 --out docs/results/batch_passes
 """
@@ -19,6 +19,31 @@ def calibrated(engine, context: int) -> dict:
     from specdec.batch.speculation import calibrate
 
     return calibrate(engine, context=context)
+
+
+def mixed(engine, context: int, rows: int, wide: int) -> float:
+    """The best of 3 target passes where one of ``rows`` rows feeds ``wide`` tokens (a long prediction or lookup
+    proposal) and the others 1 (plain rows): padded, every row is ``wide`` tokens; packed, the tokens fed."""
+    import time
+
+    import torch
+
+    session = engine.target_session
+    ids = [(7 * i) % 5000 + 1 for i in range(context)]
+    session.prefill(0, ids)
+    for slot in range(1, rows):
+        session.move(0, slot)
+    best = float("inf")
+    for _ in range(3):
+        feeds = [torch.tensor(ids[:wide])] + [torch.tensor(ids[:1])] * (rows - 1)
+        start = time.perf_counter()
+        session.extend(feeds, [len(f) for f in feeds])
+        best = min(best, time.perf_counter() - start)
+        for slot in range(rows):
+            session.rollback(slot, context)
+    for slot in range(rows):
+        session.rollback(slot, 0)
+    return best
 
 
 def same_logits(engine, enabled) -> bool:
@@ -63,7 +88,8 @@ def main() -> int:
         for m in models:
             decoder_step.set_enabled(m, on)
 
-    best: dict[str, dict[str, dict[int, float]]] = {"decoder step": {}, "transformers": {}}
+    best: dict[str, dict[str, dict]] = {"decoder step": {}, "transformers": {}}
+    mixes = [(4, 17), (8, 17), (4, 33)]  # (rows, the wide row's tokens)
     for _ in range(args.rounds):
         for side, on in (("decoder step", True), ("transformers", False)):
             enabled(on)
@@ -71,13 +97,18 @@ def main() -> int:
                 cell = best[side].setdefault(part, {})
                 for n, s in times.items():
                     cell[n] = min(cell.get(n, float("inf")), s)
+            cell = best[side].setdefault("mixed", {})
+            for rows, wide in mixes:
+                key = f"{rows} rows: 1 x {wide} + {rows - 1} x 1"
+                cell[key] = min(cell.get(key, float("inf")), mixed(engine, args.context, rows, wide))
     enabled(True)
     same = same_logits(engine, enabled)
     ours, theirs = best["decoder step"], best["transformers"]
     lines = [f"# A batch's passes, decoder step against transformers' forward ({target.name}, draft "
              f"{engine.draft_session.model.name}; {args.context} positions a row; best of {args.rounds})", "",
              "| pass | tokens fed | decoder step, ms | transformers, ms | speed-up |", "|---|---|---|---|---|"]
-    for part, label in (("target", "target, rows x tokens"), ("draft", "draft step, rows")):
+    for part, label in (("target", "target, rows x tokens"), ("draft", "draft step, rows"),
+                        ("mixed", "target, one wide row")):
         for n in sorted(ours.get(part, {})):
             a, b = ours[part][n] * 1e3, theirs[part][n] * 1e3
             lines.append(f"| {label} | {n} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")

@@ -119,7 +119,7 @@ def test_biases_in_every_projection_give_transformers_bits():
 @pytest.fixture
 def counted_rows(monkeypatch):
     """The ragged batch passes the decoder step computed."""
-    return count_passes(monkeypatch, "step_rows")
+    return count_passes(monkeypatch, "step_packed")
 
 
 def ragged_passes(model):
@@ -137,6 +137,7 @@ def ragged_passes(model):
     feeds = [torch.tensor(ids[10:15]), torch.tensor(ids[15:16]), torch.tensor([], dtype=torch.long),
              torch.tensor(ids[16:19])]
     out += session.extend(feeds, [5, 1, 0, 2])
+    fed = session.last_pass_tokens  # 9 tokens packed, 4 rows x 5 padded
     session.rollback(0, session.lengths[0] - 3)  # three of the five rejected
     out += session.extend([torch.tensor(ids[30:32]), torch.tensor(ids[32:36]), torch.tensor(ids[36:37]),
                            torch.tensor(ids[37:38])], [2, 4, 1, 1])
@@ -144,22 +145,23 @@ def ragged_passes(model):
     out += session.extend([torch.tensor(ids[40:41]), torch.tensor(ids[41:43]), torch.tensor(ids[43:44])], [1, 2, 1])
     out.append(session.prefill(3, ids[:70]))  # a long prompt (wider than a serial pass) into the free slot
     out += session.extend([torch.tensor(ids[44:45])] * 4, [1] * 4)
-    return torch.cat([o.reshape(-1, o.shape[-1]) for o in out])
+    return torch.cat([o.reshape(-1, o.shape[-1]) for o in out]), fed
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_ragged_batch_passes_give_transformers_bits(kind, method, n_threads, counted_rows):
-    """A batch session's passes (rows at their own lengths, padded to the widest, some fed nothing) through the
-    decoder step give transformers' forward's logits bit for bit, and so the same keys and values after."""
+    """A batch session's passes (rows at their own lengths, some fed nothing) through the decoder step, packed
+    without padding, give transformers' padded forward's logits bit for bit (and so the same keys and values after),
+    feeding only the rows' own tokens."""
     torch.set_num_threads(n_threads)
     model = quantized_copy(load_tiny(kind, eos=None, hidden=128), method)
-    ours = ragged_passes(model)
-    assert counted_rows[0] >= 6  # every pass after the first (which allocates the buffers)
+    ours, packed = ragged_passes(model)
+    assert counted_rows[0] >= 6 and packed == 9  # every pass after the first (which allocates the buffers)
     decoder_step.set_enabled(model.hf_model, False)
     lean_attention.uninstall(model.hf_model)
     used = counted_rows[0]
-    theirs = ragged_passes(model)
-    assert counted_rows[0] == used
+    theirs, padded = ragged_passes(model)
+    assert counted_rows[0] == used and padded == 4 * 5
     assert torch.equal(ours, theirs)

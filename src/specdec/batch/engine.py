@@ -120,6 +120,7 @@ class BatchEngine:
         self.waiting: collections.deque[BatchRow] = collections.deque()
         self.clock = RoundClock(target.device)
         self.gamma_policy = BatchGamma(gamma, max_gamma)
+        self.gamma_policy.packed = self.target_session.packed
         self.rounds = 0
         self.passes: list[tuple[int, int]] = []  # (rows, width) of each target pass, for tests and benchmarks
 
@@ -260,7 +261,8 @@ class BatchEngine:
         if width:  # (no pass when every row's logits came from its prefill)
             self.passes.append((len(rows), width))
             self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts),
-                                      time_draft - caught_up)  # (a catch-up is no draft step)
+                                      time_draft - caught_up,  # (a catch-up is no draft step)
+                                      tokens=self.target_session.last_pass_tokens)
         done = []
 
         for i, row in enumerate(rows):

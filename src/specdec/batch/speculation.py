@@ -46,8 +46,8 @@ class BatchGamma:
 
     Each model-drafted row keeps its alpha (an :class:`AlphaEstimate` as the one-sequence schedule's), and the
     batch keeps the time of a draft step per batch size and of a target pass per number of tokens it feeds (rows x
-    width), through :class:`DecayedTimes` as the one-sequence schedule's, read piecewise linearly
-    (:meth:`DecayedTimes.at`). Each round it drafts the gamma that maximizes the batch's expected tokens per second,
+    width; the tokens themselves where the sequences are packed without padding, :attr:`packed`), through
+    :class:`DecayedTimes` as the one-sequence schedule's, read piecewise linearly (:meth:`DecayedTimes.at`). Each round it drafts the gamma that maximizes the batch's expected tokens per second,
 
         sum_i E_i(gamma) / (gamma D(B) + T(B (gamma + 1))),  E_i(gamma) = (1 - alpha_i^(gamma+1)) / (1 - alpha_i),
 
@@ -67,18 +67,21 @@ class BatchGamma:
         self.target_time = DecayedTimes(decay)  # tokens fed -> averaged seconds
         self.draft_time = DecayedTimes(decay)  # rows -> averaged seconds of one draft step
         self.decided: dict[int, int] = {}  # rows -> the gamma last chosen for that many rows
+        self.packed = False  # whether the target's passes are packed (no padding: BatchSession.packed)
         self.probe_every = probe_every
         self._since_plain: dict[int, int] = {}  # rows -> rounds since a plain pass of that many rows was timed
         self._drafted_before: bool | None = None  # did the previous round draft? (None: no round yet)
 
-    def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float) -> None:
-        """A round of ``rows`` rows whose target pass fed ``width`` tokens per row; ``drafted``: the most
-        tokens a row drafted (draft steps), in ``time_draft`` seconds. As the one-sequence schedule, a round after
+    def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float,
+                tokens: int | None = None) -> None:
+        """A round of ``rows`` rows whose target pass fed ``width`` tokens per row (``tokens`` in all where its
+        sequences were packed: :attr:`packed`); ``drafted``: the most tokens a row drafted (draft steps), in
+        ``time_draft`` seconds. As the one-sequence schedule, a round after
         one that did not draft is not a draft step's time: its draft first caught up with the plain rounds' tokens
         (counted, a draft step of 2 rows measured 1.39 target steps, 0.56 without them, and the batch stopped drafting
         where drafting paid: docs/serving.md)."""
         if time_target > 0:
-            self.target_time.observe(rows * width, time_target)
+            self.target_time.observe(rows * width if tokens is None else tokens, time_target)
         if drafted > 0 and time_draft > 0 and self._drafted_before:
             self.draft_time.observe(rows, time_draft / drafted)
         self._drafted_before = drafted > 0
@@ -89,7 +92,9 @@ class BatchGamma:
         if not self.draft_time:
             return None
         step = self.draft_time.get(rows) or self.draft_time[min(self.draft_time, key=lambda r: abs(r - rows))]
-        seconds = self.target_time.at(rows * (gamma + 1))
+        # a packed pass feeds each drafting row gamma + 1 tokens and each other row 1; a padded one every row gamma + 1
+        fed = len(alphas) * (gamma + 1) + rows - len(alphas) if self.packed else rows * (gamma + 1)
+        seconds = self.target_time.at(fed)
         if seconds is None:
             return None
         tokens = sum(expected_tokens(min(max(al, 0.0), 1 - 1e-6), gamma) for al in alphas) + rows - len(alphas)

@@ -10,12 +10,13 @@ same order on the same shapes, so the logits are the Python path's bit for bit (
 every exactness property of the model stands. The embedding, the rotary table, the final norm and the LM head stay
 transformers' modules (once per step).
 
-:func:`step_rows` does the same for a ragged batch of sequences (:class:`~specdec.models.sessions.batch_session.BatchSession`,
-each row at its own length, a pass's rows padded to the widest): what transformers' forward computes there with the
-row attention's ragged spans, the same bits, so a batched row still equals the sequence alone.
+:func:`step_packed` does the same for a batch of sequences
+(:class:`~specdec.models.sessions.batch_session.BatchSession`, each at its own length), packed into one pass without padding: what transformers' padded forward computes there with
+the row attention's ragged spans, the same bits, so a batched row still equals the sequence alone, at the cost of the
+tokens fed (a row of 30 predicted tokens beside plain rows no longer makes every row 31 wide).
 
 Anything else (a pass from position 0 of the one-sequence engine, another architecture, a sliding window, a float
-model, a layer switched to torch's per-pass scale) runs transformers' forward: :func:`step` and :func:`step_rows`
+model, a layer switched to torch's per-pass scale) runs transformers' forward: :func:`step` and :func:`step_packed`
 return None there.
 """
 
@@ -182,28 +183,47 @@ def step(hf_model: Any, cache: Any, ids: torch.Tensor, n_logits: int) -> torch.T
         return hf_model.lm_head(hidden[:, -n_logits:])  # [1, n_logits, V]
 
 
-def step_rows(hf_model: Any, cache: Any, active: slice, ids: torch.Tensor, positions: torch.Tensor,
-              lengths: list[int], spans: list[tuple[int, int]], n_logits: int) -> torch.Tensor | None:
-    """Logits [B, n_logits, V] of a ragged batch pass: row b of ``ids`` / ``positions`` [B, w] feeds a sequence
-    ``spans[b] = (start, n)`` (n tokens at positions start = ``lengths[b]`` ..; the rest of the row padding) on the
-    rows ``active`` of ``cache`` (specdec's StaticKVCache, [R, H_kv, C, D] buffers, every one allocated); its buffers
-    written as transformers' pass writes them. None where this path does not apply (the caller runs the forward)."""
+def step_packed(hf_model: Any, cache: Any, active: slice, feeds: list[torch.Tensor], lengths: list[int],
+                n_logits: list[int]) -> list[torch.Tensor] | None:
+    """A batch pass with its sequences packed, no padding: sequence b (row b of ``cache``'s rows ``active``: specdec's
+    StaticKVCache, [R, H_kv, C, D] buffers, every one allocated) is fed ``feeds[b]`` ([m_b] long, m_b may be 0) after
+    its ``lengths[b]`` positions; its keys and values written in its row. Returns per sequence the logits
+    [n_logits[b], V] of its last n_logits[b] tokens, the bits transformers' padded batch pass gives (every op row by
+    row, each token's attention over its own prefix), at the cost of the tokens fed, not rows x the widest; None
+    where this path does not apply (the caller runs the forward)."""
     keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
     if (not keys or any(k is None for k in keys) or any(v is None for v in values) or any(cache.windows)
-            or ids.device.type != "cpu"):
+            or not feeds or feeds[0].device.type != "cpu"):
         return None
-    keys, values = [k[active] for k in keys], [v[active] for v in values]  # [B, H_kv, C, D] views
     runner = _runner(hf_model, len(keys))
     if runner is None:
         return None
-    body, width = hf_model.model, int(ids.shape[1])
-    with threads.serial_pass(hf_model, width):
-        hidden = body.embed_tokens(ids)  # [B, w, H]
-        cos, sin = body.rotary_emb(hidden, positions)  # [B, w, D] each
-        if hidden.dtype != torch.float32 or cos.shape != (ids.shape[0], width, runner.head_dim):
+    counts = [int(f.shape[0]) for f in feeds]
+    if not any(counts):
+        return None
+    keys, values = [k[active] for k in keys], [v[active] for v in values]  # [B, H_kv, C, D] views
+    body = hf_model.model
+    ids = torch.cat([f for f in feeds if f.shape[0]])[None]  # [1, M]
+    positions = torch.cat([torch.arange(start, start + m) for start, m in zip(lengths, counts) if m])[None]  # [1, M]
+    with threads.serial_pass(hf_model, max(counts)):  # (the widest sequence decides, as for a padded pass)
+        hidden = body.embed_tokens(ids)  # [1, M, H]
+        cos, sin = body.rotary_emb(hidden, positions)  # [1, M, D] each
+        if hidden.dtype != torch.float32 or cos.shape != (1, ids.shape[1], runner.head_dim):
             return None
-        starts, ends = row_attention._batch_spans(spans, width, None)  # [B, w] each: row (b, i)'s keys
-        hidden = runner.forward_rows(hidden, cos, sin, keys, values, list(lengths), starts, ends,
-                                     extension.amx_from(), threads.kernel_threads() or 0)  # [B, w, H]
+        hidden = runner.forward_packed(hidden, cos, sin, keys, values, list(lengths), counts, extension.amx_from(),
+                                       threads.kernel_threads() or 0)  # [1, M, H]
         hidden = body.norm(hidden)
-        return hf_model.lm_head(hidden[:, -n_logits:])  # [B, n_logits, V]
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        rows = [torch.arange(end - n, end) for end, n in zip(ends, n_logits) if n]
+        logits = hf_model.lm_head(hidden[:, torch.cat(rows)])[0] if rows else None  # [sum n_logits, V]
+    out, at, vocab = [], 0, 0 if logits is None else logits.shape[-1]
+    for n in n_logits:
+        out.append(logits[at: at + n] if n else hidden.new_zeros(0, vocab))
+        at += n
+    return out
+
+
+def packs(hf_model: Any, windows: list) -> bool:
+    """Whether a batch session of ``hf_model`` (its layers' sliding ``windows``) packs its passes
+    (:func:`step_packed`): a pass then costs the tokens it feeds, not rows x the widest."""
+    return not any(windows) and _runner(hf_model, len(windows)) is not None

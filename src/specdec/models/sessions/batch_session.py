@@ -15,9 +15,10 @@ row's bits equal what it gets alone from :func:`specdec.generate`):
   having the last slot's row copied into its place (:meth:`BatchSession.move`), so the live rows are
   always slots 0..B-1 and a pass over them reads a view.
 
-A model on specdec's CPU kernels runs each pass's decoder layers in one extension call
-(:func:`specdec.models.native.decoder_step.step_rows`: the same bits as transformers' forward, which runs
-otherwise). Beam search keeps its batch (rows of one length) in the same cache class (:mod:`specdec.beam.batch_kv`).
+A model on specdec's CPU kernels packs each pass's sequences without padding and runs its decoder layers in one
+extension call (:func:`specdec.models.native.decoder_step.step_packed`: the same bits as transformers' padded
+forward, which runs otherwise). Beam search keeps its batch (rows of one length) in the same cache class
+(:mod:`specdec.beam.batch_kv`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,23 @@ class BatchSession:
         self.lengths = [0] * rows  # positions held per slot
         self.forward_passes = 0
         self.last_pass_tokens = 0  # tokens the last pass fed (padding included): what its time depends on
+        self.packed = bool(model.block_invariant) and model.hf_model is not None and decoder_step.packs(
+            model.hf_model, self.cache.windows)  # its passes packed, once its buffers exist (step_packed)
+
+    def _packed(self, active: slice, feeds: Sequence[torch.Tensor], lengths: Sequence[int],
+                n_logits: Sequence[int]) -> list[torch.Tensor] | None:
+        """The pass through :func:`~specdec.models.native.decoder_step.step_packed` (the sequences packed, no
+        padding, the same bits), or None where it does not apply (transformers' padded forward runs; it allocates
+        the buffers on the first pass)."""
+        if not self.packed:
+            return None
+        with torch.inference_mode():
+            out = decoder_step.step_packed(self.model.hf_model, self.cache, active, list(feeds), list(lengths),
+                                           list(n_logits))
+        if out is not None:
+            self.forward_passes += 1
+            self.last_pass_tokens = sum(int(f.shape[0]) for f in feeds)
+        return out
 
     @property
     def capacity(self) -> int:
@@ -56,19 +74,8 @@ class BatchSession:
                  end: int, spans: list[tuple[int, int]]) -> torch.Tensor:
         """ids / positions [B, w] for the rows of ``active``, none past position ``end``; logits [B, n_logits, V].
         Attention reads positions [0, end rounded up to VISIBLE_STEP) only (what the rows hold). spans: per
-        row (first position, tokens fed); a block-invariant model attends each row as it would alone. A model on
-        specdec's kernels runs its decoder layers in one call (:func:`~specdec.models.native.decoder_step.step_rows`,
-        the same bits) once its buffers exist; otherwise (and for the first pass, which allocates them) transformers'
-        forward runs."""
+        row (first position, tokens fed); a block-invariant model attends each row as it would alone."""
         cache = self.cache
-        if self.model.block_invariant:
-            with torch.inference_mode():
-                logits = decoder_step.step_rows(self.model.hf_model, cache, active, ids, positions,
-                                                [start for start, _ in spans], spans, n_logits)
-            if logits is not None:
-                self.forward_passes += 1
-                self.last_pass_tokens = int(ids.numel())
-                return logits
         cache.active, cache.positions = active, positions
         cache.visible = min(self.capacity, -(-end // VISIBLE_STEP) * VISIBLE_STEP)
         masks = cache.attention_masks(positions, cache.dtype)  # [B, 1, w, C] each
@@ -92,6 +99,10 @@ class BatchSession:
         positions = torch.arange(start, len(ids), device=self.model.device)[None]  # [1, P]
         if len(ids) > self.capacity:
             raise ValueError(f"the batch cache holds {self.capacity} positions; {len(ids)} asked")
+        packed = self._packed(slice(slot, slot + 1), [tokens[0]], [start], [1])
+        if packed is not None:
+            self.lengths[slot] = len(ids)
+            return packed[0]
         logits = self._forward(slice(slot, slot + 1), tokens, positions, 1, len(ids),
                                [(start, len(ids) - start)])  # [1, 1, V]
         self.lengths[slot] = len(ids)
@@ -108,6 +119,11 @@ class BatchSession:
             if self.lengths[i] + width > self.capacity:
                 raise ValueError(f"the batch cache holds {self.capacity} positions; row {i} needs "
                                  f"{self.lengths[i] + width}")
+        packed = self._packed(slice(0, batch), feeds, self.lengths[:batch], n_logits)
+        if packed is not None:
+            for i, m in enumerate(sizes):
+                self.lengths[i] += m
+            return packed
         device = self.model.device
         ids = torch.zeros(batch, width, dtype=torch.long, device=device)  # [B, w], padded with id 0
         for i, f in enumerate(feeds):

@@ -18,7 +18,6 @@
 // caller's threads (specdec.models.kernels.threads): `kernel_threads` > 0 does the same here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -120,50 +119,94 @@ class DecoderStep {
                         const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                         int64_t length, int64_t amx_from, int64_t kernel_threads) {
     TORCH_CHECK(h.dim() == 3 && h.scalar_type() == torch::kFloat32, "decoder step: h must be float32 [B, L, H]");
-    const int64_t B = h.size(0), L = h.size(1), end = length + L;
+    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(),
+                "decoder step: one key and one value buffer per layer");
+    const int64_t B = h.size(0), L = h.size(1), H = h.size(2), end = length + L;
+    for (size_t i = 0; i < layers_.size(); ++i)
+      TORCH_CHECK(keys[i].size(2) >= end && values[i].size(2) >= end, "decoder step: the cache buffers hold ",
+                  keys[i].size(2), " positions; ", end, " needed");
     // each row's keys: positions 0 .. its own (row_attention's spans of a pass without a mask)
     const auto ends = at::arange(end - L + 1, end + 1, torch::kLong).expand({B, L}).contiguous();  // [B, L]
-    return run(std::move(h), cos, sin, keys, values, std::vector<int64_t>(B, length), at::zeros_like(ends), ends,
-               amx_from, kernel_threads);
+    const auto starts = at::zeros_like(ends);
+    return run(std::move(h), cos, sin, B, L, [&](size_t i, const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v) {
+      keys[i].narrow(2, length, L).copy_(k);
+      values[i].narrow(2, length, L).copy_(v);
+      return row_attention(q, keys[i].narrow(2, 0, end), values[i].narrow(2, 0, end), starts, ends, c10::nullopt,
+                           scaling_);  // [B, L, H_q, D]
+    }, amx_from, kernel_threads);
   }
 
-  // A ragged batch (specdec.models.sessions.batch_session): row b of h [B, L, H] holds the tokens of a sequence at
-  // positions lengths[b] .. lengths[b] + L - 1 (past the tokens it was fed: padding, whose keys land past its length,
-  // hidden by its spans and overwritten by its next tokens, as transformers' batch pass writes them); keys / values
-  // per layer: buffers [R >= B, H_kv, capacity, D], row b's new keys written at [lengths[b], lengths[b] + L); query
-  // row (b, i) attends over keys [starts[b, i], ends[b, i]) ([B, L] long; an empty span: a padding row, zeros).
-  torch::Tensor forward_rows(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
-                             const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                             const std::vector<int64_t>& lengths, const torch::Tensor& starts,
-                             const torch::Tensor& ends, int64_t amx_from, int64_t kernel_threads) {
-    TORCH_CHECK(h.dim() == 3 && h.scalar_type() == torch::kFloat32, "decoder step: h must be float32 [B, L, H]");
-    const int64_t B = h.size(0), L = h.size(1);
-    TORCH_CHECK(static_cast<int64_t>(lengths.size()) == B, "decoder step: ", lengths.size(), " lengths for ", B,
-                " rows");
-    TORCH_CHECK(starts.dim() == 2 && starts.size(0) == B && starts.size(1) == L && ends.sizes() == starts.sizes() &&
-                    starts.scalar_type() == torch::kLong && ends.scalar_type() == torch::kLong,
-                "decoder step: starts and ends must be long [B, L]");
-    return run(std::move(h), cos, sin, keys, values, lengths, starts, ends, amx_from, kernel_threads);
+  // The sequences of a batch packed into one pass (specdec.models.sessions.batch_session), no padding: h [1, M, H]
+  // holds, in order, counts[b] new tokens of sequence b (b < B, counts[b] may be 0) at its positions lengths[b] ..
+  // lengths[b] + counts[b] - 1; cos / sin [1, M, D] theirs; keys / values per layer: buffers [R >= B, H_kv,
+  // capacity, D], row b sequence b's. Each sequence's new keys and values are written in its row at its positions,
+  // and each of its tokens attends over the keys of its own prefix: what a pass of that sequence alone computes,
+  // every op row by row, so the same bits. -> the last layer's output [1, M, H].
+  torch::Tensor forward_packed(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
+                               const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                               const std::vector<int64_t>& lengths, const std::vector<int64_t>& counts,
+                               int64_t amx_from, int64_t kernel_threads) {
+    TORCH_CHECK(h.dim() == 3 && h.size(0) == 1 && h.scalar_type() == torch::kFloat32,
+                "decoder step: h must be float32 [1, M, H]");
+    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(),
+                "decoder step: one key and one value buffer per layer");
+    TORCH_CHECK(lengths.size() == counts.size(), "decoder step: ", lengths.size(), " lengths for ", counts.size(),
+                " counts");
+    const int64_t B = static_cast<int64_t>(counts.size()), M = h.size(1);
+    struct Segment {
+      int64_t row, offset, count, at;
+    };
+    std::vector<Segment> segments;
+    int64_t offset = 0, W = 0, end = 0;  // W: the widest sequence; the keys a pass reads: [0, end)
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(counts[b] >= 0 && lengths[b] >= 0, "decoder step: negative count or length for row ", b);
+      if (!counts[b]) continue;
+      segments.push_back({b, offset, counts[b], lengths[b]});
+      offset += counts[b];
+      W = std::max(W, counts[b]);
+      end = std::max(end, lengths[b] + counts[b]);
+    }
+    TORCH_CHECK(offset == M, "decoder step: the counts add up to ", offset, " tokens; h holds ", M);
+    for (size_t i = 0; i < layers_.size(); ++i)
+      TORCH_CHECK(keys[i].size(0) >= B && values[i].size(0) >= B && keys[i].size(2) >= end && values[i].size(2) >= end,
+                  "decoder step: the cache buffers hold ", keys[i].size(0), " rows of ", keys[i].size(2),
+                  " positions; ", B, " rows of ", end, " needed");
+    // The attention runs padded, in one call as transformers' padded pass does: each token's query at (row b, its
+    // place i) of [B, W], attending over keys [0, lengths[b] + i + 1) of row b; the padding's spans are empty.
+    auto place = torch::empty({M}, torch::kLong);  // packed token -> b * W + i
+    auto ends = torch::zeros({B, W}, torch::kLong);
+    auto* pp = place.data_ptr<int64_t>();
+    auto* ep = ends.data_ptr<int64_t>();
+    for (const auto& s : segments)
+      for (int64_t i = 0; i < s.count; ++i) {
+        pp[s.offset + i] = s.row * W + i;
+        ep[s.row * W + i] = s.at + i + 1;
+      }
+    const auto starts = torch::zeros_like(ends);
+    return run(std::move(h), cos, sin, 1, M, [&](size_t i, const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v) {
+      const auto key_rows = keys[i].narrow(0, 0, B), value_rows = values[i].narrow(0, 0, B);  // [B, H_kv, C, D]
+      for (const auto& s : segments) {  // each sequence's new keys and values in its own row, at its positions
+        key_rows.select(0, s.row).narrow(1, s.at, s.count).copy_(k.select(0, 0).narrow(1, s.offset, s.count));
+        value_rows.select(0, s.row).narrow(1, s.at, s.count).copy_(v.select(0, 0).narrow(1, s.offset, s.count));
+      }
+      const int64_t heads = q.size(1), dim = q.size(3);
+      auto padded = torch::zeros({B * W, heads, dim}, q.options());  // [B W, H_q, D]
+      padded.index_copy_(0, place, q.select(0, 0).transpose(0, 1));  // q [1, H_q, M, D]
+      auto out = row_attention(padded.view({B, W, heads, dim}).transpose(1, 2), key_rows.narrow(2, 0, end),
+                               value_rows.narrow(2, 0, end), starts, ends, c10::nullopt, scaling_);  // [B, W, H_q, D]
+      return out.view({B * W, heads, dim}).index_select(0, place).view({1, M, heads, dim});  // [1, M, H_q, D]
+    }, amx_from, kernel_threads);
   }
 
  private:
-  // Every layer over h [B, L, H]: row b's keys and values written at [at[b], at[b] + L) of the buffers' row b, query
-  // row (b, i) attending over keys [starts[b, i], ends[b, i]).
-  torch::Tensor run(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
-                    const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                    const std::vector<int64_t>& at, const torch::Tensor& starts, const torch::Tensor& ends,
-                    int64_t amx_from, int64_t kernel_threads) {
-    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(),
-                "decoder step: one key and one value buffer per layer");
-    const int64_t B = h.size(0), L = h.size(1), H = h.size(2);
-    int64_t end = 0;  // the keys the pass reads: [0, end)
-    for (const int64_t a : at) end = std::max(end, a + L);
-    for (size_t i = 0; i < layers_.size(); ++i)
-      TORCH_CHECK(keys[i].size(0) >= B && values[i].size(0) >= B && keys[i].size(2) >= end &&
-                      values[i].size(2) >= end,
-                  "decoder step: the cache buffers hold ", keys[i].size(0), " rows of ", keys[i].size(2),
-                  " positions; ", B, " rows of ", end, " needed");
-    const bool even = std::all_of(at.begin(), at.end(), [&](int64_t a) { return a == at[0]; });
+  // Every layer over h [B, L, H]; `attend(layer, q [B, H_q, L, D], k [B, H_kv, L, D], v [B, H_kv, L, D])` writes
+  // the layer's new keys and values and returns the attention's output [B, L, H_q, D].
+  template <typename Attend>
+  torch::Tensor run(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin, int64_t B, int64_t L,
+                    const Attend& attend, int64_t amx_from, int64_t kernel_threads) {
+    const int64_t H = h.size(2);
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       auto x = rms_norm(h, layer.norm_in, layer.eps_in).reshape({B * L, H});  // [M, H]
@@ -172,18 +215,7 @@ class DecoderStep {
       auto qk = rotary(qkv[0].view({B, L, -1, head_dim_}), qkv[1].view({B, L, -1, head_dim_}), cos,
                        sin);  // q [B, H_q, L, D], k [B, H_kv, L, D]
       auto v = qkv[2].view({B, L, -1, head_dim_}).transpose(1, 2);  // [B, H_kv, L, D]
-      const auto key_rows = keys[i].narrow(0, 0, B), value_rows = values[i].narrow(0, 0, B);  // [B, H_kv, C, D]
-      if (even) {
-        key_rows.narrow(2, at[0], L).copy_(qk[1]);
-        value_rows.narrow(2, at[0], L).copy_(v);
-      } else {
-        for (int64_t b = 0; b < B; ++b) {
-          key_rows.select(0, b).narrow(1, at[b], L).copy_(qk[1].select(0, b));
-          value_rows.select(0, b).narrow(1, at[b], L).copy_(v.select(0, b));
-        }
-      }
-      auto attended = row_attention(qk[0], key_rows.narrow(2, 0, end), value_rows.narrow(2, 0, end), starts, ends,
-                                    c10::nullopt, scaling_);  // [B, L, H_q, D]
+      auto attended = attend(i, qk[0], qk[1], v);  // [B, L, H_q, D]
       auto o = linear_parts(layer.o, attended.reshape({B, L, -1}).contiguous().view({B * L, -1}), amx_from,
                             kernel_threads)[0];  // [M, H]
       h = at::add(h, o.view({B, L, H}));
@@ -208,5 +240,5 @@ void bind_decoder_step(pybind11::module& m) {
       .def("add_layer", &DecoderStep::add_layer)
       .def("layers", &DecoderStep::layers)
       .def("forward", &DecoderStep::forward, pybind11::call_guard<pybind11::gil_scoped_release>())  // (no Python inside)
-      .def("forward_rows", &DecoderStep::forward_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("forward_packed", &DecoderStep::forward_packed, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
