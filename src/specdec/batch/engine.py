@@ -54,6 +54,7 @@ from specdec.batch.drafting import alone_draft, batch_drafting, propose_model
 from specdec.batch.prefix import keep_prefix, prefix_cache
 from specdec.batch.speculation import SPECULATION, BatchGamma, calibrate, draft_prefills, report, round_gammas
 from specdec.batch.prediction import propose_predictions
+from specdec.batch.copying import propose_copies
 from specdec.batch.fill import DEFAULT_CHUNK, chunk_size, drop_fill, fill, filled, follow_leave, start_fill
 from specdec.batch.row import MODEL, PAD, BatchRow, make_row, row_context
 from specdec.config import DEFAULT, GenerationConfig, preset_draft
@@ -225,6 +226,7 @@ class BatchEngine:
             return finished + done
         rows, device = self.rows, self.target.device
         ks, predicted = propose_predictions(rows, self._gammas())  # {row: its prediction's draft}, those rows' k 0
+        ks, copied = propose_copies(self, rows, ks, predicted)  # {row: its copy from its context}, those rows' k 0
         ks, gated = gate_round(self.gate if self.draft_session is not None else None, rows, ks)
         t0 = self.clock.mark()
         calls_before = self.draft_session.forward_passes if self.draft_session is not None else 0
@@ -234,7 +236,7 @@ class BatchEngine:
         for i, row in enumerate(rows):
             if row.draft is not None and row.draft != MODEL and ks[i] > 0:
                 drafts[i] = row.draft.propose(row.sequence, ks[i])
-            drafts[i] = predicted.get(i, drafts[i])
+            drafts[i] = predicted.get(i, copied.get(i, drafts[i]))
             if row.constraint is not None:  # cut at the first refused token, q masked (specdec.constraints)
                 drafts[i] = row.constraint.admit(drafts[i], 0)
         t1 = self.clock.mark()
@@ -260,7 +262,9 @@ class BatchEngine:
         draft_calls = (self.draft_session.forward_passes - calls_before) if self.draft_session is not None else 0
         if width:  # (no pass when every row's logits came from its prefill)
             self.passes.append((len(rows), width))
-            self.gamma_policy.observe(len(rows), width, time_verify, max(len(d) for d in drafts),
+            stepped = max((len(d) for i, (row, d) in enumerate(zip(rows, drafts))
+                           if row.draft == MODEL and i not in predicted and i not in copied), default=0)
+            self.gamma_policy.observe(len(rows), width, time_verify, stepped,  # (the draft model's steps)
                                       time_draft - caught_up,  # (a catch-up is no draft step)
                                       tokens=self.target_session.last_pass_tokens)
         done = []
@@ -270,7 +274,9 @@ class BatchEngine:
             refused = row.constraint is not None and row.constraint.settle(0, new) < len(new)
             new = new[:n] if refused else new  # the grammar was complete and allowed nothing, not even EOS
             self.target_session.rollback(i, len(row.sequence) + n)  # the sequence + accepted drafts
-            if row.draft == MODEL:
+            if i in copied:
+                row.copy_alpha.observe(betas)
+            elif row.draft == MODEL:
                 row.alpha.observe(betas)  # (the batch's gamma reads it)
             if row.draft == MODEL and row.proposed is not None:
                 length, k = row.proposed

@@ -1,0 +1,159 @@
+"""Copying first in a batch (specdec.batch.copying): a model-drafted row whose output repeats its context drafts by
+prompt lookup, as many tokens as Theorem 8 with a free draft gives over the batch's pass times; exact."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import specdec
+from specdec.batch import copying
+from specdec.batch.engine import MODEL, BatchEngine
+from specdec.batch.speculation import BatchGamma
+from specdec.config import GenerationConfig
+from specdec.sampling import SamplingParams, standardize
+from stats_util import chi_square_pvalue
+from test_distribution import V
+from test_quantize import quantized_copy
+from tiny import load_tiny, perturbed
+
+# prompts whose continuations repeat stretches of them (the tiny model's greedy output loops back into its prompt)
+PROMPTS = [[1] + [10 + i % 7 for i in range(30)], [1] + [40 + i % 5 for i in range(24)],
+           [1, 3, 4, 5] + [20 + i % 9 for i in range(27)], [1] + [60 + (3 * i) % 11 for i in range(33)]]
+
+
+def policy(fixed: float, per_token: float) -> BatchGamma:
+    """A batch gamma policy whose target pass costs fixed + per_token x tokens (two sizes measured)."""
+    gamma = BatchGamma(4, 8)
+    for tokens in (1, 8, 40):
+        gamma.target_time.observe(tokens, fixed + per_token * tokens)
+    return gamma
+
+
+@pytest.mark.parametrize("alpha, fed, cheap, expected", [
+    (0.95, 4, True, 32),  # a reliable copy, a pass bound by reading its weights: the whole stretch
+    (0.95, 4, False, 3),  # its tokens as dear as its fixed part: (3 + E(k)) / (0.05 + 0.01 k) peaks at 3
+    (0.6, 8, True, 4),  # (7 + E(k)) / (0.108 + 0.001 k): 83.1 at 4, 83.0 at 5, 82.7 at 3
+    (0.6, 8, False, 0),
+    (0.2, 8, False, 0),  # unreliable copies do not pay for their tokens
+])
+def test_the_copy_length_is_theorem_8_with_a_free_draft(alpha, fed, cheap, expected):
+    gamma = policy(0.1, 0.001) if cheap else policy(0.01, 0.01)
+    assert copying.copy_reach(gamma, alpha, fed, 32) == expected
+    assert copying.copy_reach(BatchGamma(4, 8), alpha, fed, 32) == 0  # nothing measured yet: no copy
+
+
+def batch_run(target, draft, configs, speculation="measured"):
+    """The rows of PROMPTS in a batch of 4; with measured speculation the batch drafts gamma 3 every round (its
+    choice, like copy_reach's, reads measured times: fixed here so that what copies is not timing-bound)."""
+    engine = BatchEngine(target, draft, max_batch=4, speculation=speculation)
+    engine.calibrate(context=40)
+    engine.gamma_policy.choose = lambda alphas, rows=None, max_gamma=None: 3
+    rows = [engine.add(p, c, draft=MODEL) for p, c in zip(PROMPTS, configs)]
+    engine.run()
+    return [r.output for r in rows]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    base = load_tiny(eos=None, hidden=128)
+    return quantized_copy(base, "int8"), quantized_copy(perturbed(base, 0.3), "int8")
+
+
+def test_copying_rows_equal_their_generation_alone(pair, monkeypatch):
+    """Greedy rows that copy from their context (packed passes, the draft model catching up after) give the tokens
+    specdec.generate gives each alone; copies were proposed and accepted, and none with speculation="rows"."""
+    target, draft = pair
+    made = []
+    original = copying.propose_copies
+
+    def counting(*args):
+        ks, copies = original(*args)
+        made.extend(len(d) for d in copies.values())
+        return ks, copies
+
+    monkeypatch.setattr("specdec.batch.engine.propose_copies", counting)
+    monkeypatch.setattr(copying, "copy_reach", lambda policy, alpha, fed, top: min(top, 6))  # (not timing-bound)
+    configs = [GenerationConfig(max_new_tokens=40, gamma=3)] * len(PROMPTS)
+    outs = batch_run(target, draft, configs)
+    alone = [specdec.generate(target, p, draft=draft, config=c) for p, c in zip(PROMPTS, configs)]
+    assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
+    assert made and max(made) > 3  # copies longer than the model's gamma
+    assert sum(o.stats.accepted for o in outs) > sum(a.stats.accepted for a in alone) // 2
+    made.clear()
+    batch_run(target, draft, configs, speculation="rows")
+    assert not made
+
+
+COPY_PROMPT = [1, 3, 5, 2, 4, 6, 1, 3, 5]  # its last three tokens came first: a copy proposes 2, 4, 6, 1, 3, 5
+N = 1200
+
+
+def copy_law(target) -> torch.Tensor:
+    """p(x1, x2 | COPY_PROMPT) of the target at temperature 1, as a [V * V] vector."""
+    sampling = SamplingParams(temperature=1.0)
+    with torch.inference_mode():
+        p1 = standardize(target.hf_model(input_ids=torch.tensor([COPY_PROMPT])).logits[0, -1], sampling)
+        batch = torch.tensor([COPY_PROMPT + [x] for x in range(V)])
+        p2 = standardize(target.hf_model(input_ids=batch).logits[:, -1], sampling)  # [V, V]
+    return (p1[:, None] * p2).flatten()
+
+
+def copied_counts(target, draft) -> tuple[torch.Tensor, int]:
+    """Counts of the first two tokens of N seeded rows of COPY_PROMPT in batches of 8 (measured speculation), and
+    how many rounds copied."""
+    made = [0]
+    original = copying.propose_copies
+
+    def counting(*args):
+        ks, copies = original(*args)
+        made[0] += len(copies)
+        return ks, copies
+
+    engine_ = BatchEngine(target, draft, max_batch=8)
+    engine_.calibrate(context=12)
+    rows = [engine_.add(COPY_PROMPT, GenerationConfig(seed=seed, temperature=1.0, gamma=2, max_new_tokens=6),
+                        draft=MODEL) for seed in range(N)]
+    with pytest.MonkeyPatch.context() as mp:  # every row copies where its context repeats (not timing-bound)
+        mp.setattr("specdec.batch.engine.propose_copies", counting)
+        mp.setattr(copying, "copy_reach", lambda policy, alpha, fed, top: min(top, 4))
+        mp.setattr(engine_.gamma_policy, "choose", lambda alphas, rows=None, max_gamma=None: 0)
+        engine_.run()
+    counts = torch.zeros(V * V)
+    for row in rows:
+        ids = row.output.token_ids
+        counts[ids[0] * V + ids[1]] += 1
+    return counts, made[0]
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    base = load_tiny(vocab=V, eos=None, sharp=2.0)
+    return quantized_copy(base, "int8"), quantized_copy(perturbed(base, 1.0, seed=3), "int8")
+
+
+def test_copying_rows_follow_the_target_law(small_pair):
+    target, draft = small_pair
+    counts, copied = copied_counts(target, draft)
+    assert copied >= N  # every row copied in its first round (at least)
+    assert chi_square_pvalue(counts.numpy(), copy_law(target).numpy()) > 1e-3
+
+
+def test_a_copy_taken_without_the_targets_test_is_caught(small_pair, monkeypatch):
+    """The planted bug: a one-hot draft's first token accepted whatever the target says of it."""
+    from specdec.batch import engine
+
+    real = engine.verify
+
+    def buggy(logits, tokens, q, *args, **kwargs):
+        out = real(logits, tokens, q, *args, **kwargs)
+        if q is None and len(tokens) and int(out.n) == 0:  # the first copied token rejected: taken anyway
+            taken = out.tokens.clone()
+            taken[1], taken[0] = taken[0].clone(), tokens[0]
+            return dataclasses.replace(out, tokens=taken, n=torch.ones_like(out.n))
+        return out
+
+    monkeypatch.setattr(engine, "verify", buggy)
+    target, draft = small_pair
+    counts, _ = copied_counts(target, draft)
+    assert chi_square_pvalue(counts.numpy(), copy_law(target).numpy()) < 1e-3
