@@ -85,13 +85,14 @@ def test_one_run_state_for_a_generation_and_a_batch_row():
         own = {f.name for f in dataclasses.fields(cls)} - shared
         assert not own & shared
     # only what the batch needs is a row's own (its draft, its outcome, the schedule it parks while alone, its
-    # prediction, its prompt going in chunk by chunk, its draft's alpha): the
+    # prediction, its prompt going in chunk by chunk, its draft's alpha and its copies'): the
     # session, clock and round launched ahead are the one-sequence engine's, which a lone batch row runs too
     assert {f.name for f in dataclasses.fields(_Run)} - shared == set()
     assert {"session", "clock", "ahead"} <= shared
     assert {f.name for f in dataclasses.fields(BatchRow)} - shared == {"draft", "proposed", "output", "error",
                                                                         "cancelled", "finish", "parked", "prediction",
-                                                                        "filled", "draft_filled", "fill_draft", "alpha"}
+                                                                        "filled", "draft_filled", "fill_draft", "alpha",
+                                                                        "copy_alpha"}
 
 
 def test_a_batch_row_and_a_generation_estimate_alpha_alike():

@@ -128,7 +128,7 @@ def code_in_use() -> dict:
 
     ext = extension._extension
     return {"specdec_kernels": None if ext is None else "avx2" if ext.uses_avx2() else "avx512",
-            "amx_tiles": bool(ext is not None and ext.has_amx() and extension.amx_from() > 0),
+            "amx_tiles": bool(ext is not None and not ext.uses_avx2() and ext.has_amx() and extension.amx_from() > 0),
             "int8_kernel": _chosen,
             "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", extension.ENV_OFF, ENV,
