@@ -15,8 +15,9 @@ a token a fed token, what a plain batch gives), T the pass time per tokens fed, 
 (an :class:`~specdec.schedules.AlphaEstimate` from :data:`ALPHA0`). It copies only where that beats the model's
 draft: more tokens expected than the model's gamma gives at its alpha. Only where the batch's sequences are packed
 into a pass (:attr:`~specdec.models.sessions.batch_session.BatchSession.packed`): a copy costs its own tokens there,
-padded it would make every row as wide. A copy is a one-hot draft (q None), verified as any other: the output is exact at every temperature. Only with
-``speculation="measured"`` (with ``"rows"`` a seeded sampled row draws what it draws alone, so its drafts stay its own).
+padded it would make every row as wide. A copy is a one-hot draft (q None), verified as any other: the output is
+exact at every temperature. Only with ``speculation="measured"`` (with ``"rows"`` a seeded sampled row draws what it
+draws alone, so its drafts stay its own).
 """
 
 from __future__ import annotations
