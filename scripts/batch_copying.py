@@ -80,8 +80,9 @@ def main() -> int:
             lines.append(f"| {workload} | {side} | {rate:.2f} | {rate / plain[0]:.2f}x | {counts['target_calls']} | "
                          f"{counts['accepted']}/{counts['drafted']} | {same}/{len(texts)} |")
     table = [f"# Copying first in a batch of {args.rows} rows ({target.name}, serve's batch engine; best of "
-             f"{args.rounds})", "", "| workload | rows draft with | tokens/s | vs plain | target calls | accepted/drafted "
-             "| same text as plain |", "|---|---|---|---|---|---|---|", *lines]
+             f"{args.rounds})", "",
+             "| workload | rows draft with | tokens/s | vs plain | target calls | accepted/drafted | same text as plain |",
+             "|---|---|---|---|---|---|---|", *lines]
     print("\n".join(table))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
