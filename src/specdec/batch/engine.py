@@ -289,7 +289,8 @@ class BatchEngine:
             r = Round(drafts[i], results[i], new, n, betas, draft_calls if row.draft == MODEL else 0, time_draft,
                       time_verify)
             row.stats.record_round(r)
-            if row.draft is not None and (not carried[i] or r.drafted):  # (a row fed nothing measured no step)
+            # (a row fed nothing measured no step; a copy's betas are not its draft's: its schedule keeps the model's)
+            if row.draft is not None and (not carried[i] or r.drafted) and i not in copied:
                 row.schedule.update(StepFeedback(r.drafted, n, betas, time_draft, time_verify, len(feeds[i])))
             length = len(row.sequence)
             row.ids[length: length + n + 1] = results[i].tokens[: n + 1]
