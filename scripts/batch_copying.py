@@ -41,12 +41,11 @@ def main() -> int:
     from specdec.batch import engine as batch_engine_module
     from specdec.batch.engine import MODEL
     from specdec.cli.serve import batch_engine
-    from specdec.config import DEFAULT_TARGET, default_draft
-    from specdec.drafters import plan_draft
+    from specdec.config import DEFAULT_TARGET, preset_draft
     from specdec.sweeps.machine import machine_info
 
     target = specdec.load(DEFAULT_TARGET)
-    draft = plan_draft(default_draft(target.device)).load(target).draft
+    draft = preset_draft(target)  # serve's default draft (the Python API's default)
     engine = batch_engine(target, draft, args.rows, 4096, None, None, None, 0)
     copies = batch_engine_module.propose_copies
 
@@ -81,7 +80,8 @@ def main() -> int:
                          f"{counts['accepted']}/{counts['drafted']} | {same}/{len(texts)} |")
     table = [f"# Copying first in a batch of {args.rows} rows ({target.name}, serve's batch engine; best of "
              f"{args.rounds})", "",
-             "| workload | rows draft with | tokens/s | vs plain | target calls | accepted/drafted | same text as plain |",
+             "| workload | rows draft with | tokens/s | vs plain | target calls | accepted/drafted "
+             "| same text as plain |",
              "|---|---|---|---|---|---|---|", *lines]
     print("\n".join(table))
     if args.out:

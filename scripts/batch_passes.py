@@ -1,9 +1,9 @@
 """What a batch's passes cost with the decoder step and with transformers' forward: the batch engine of
-``specdec serve`` (the CPU default pair), its target's pass over 1-8 rows x 1-5 tokens and its draft's step over 1-8 rows, timed by
-``BatchEngine.calibrate`` (the times the batch's speculation decides from) with the models' batch passes through
-specdec's decoder step, packed (:func:`specdec.models.native.decoder_step.step_packed`, the default), and through
-transformers' padded forward, alternately (``--rounds`` each, the best time per cell kept), in one process. Both
-give the same bits (a check at the end: one round of 4 ragged rows, logits ``torch.equal``).
+``specdec serve`` (the CPU default pair), its target's pass over 1-8 rows x 1-5 tokens and its draft's step over 1-8
+rows, timed by ``BatchEngine.calibrate`` (the times the batch's speculation decides from) with the models' batch
+passes through specdec's decoder step, packed (:func:`specdec.models.native.decoder_step.step_packed`, the default),
+and through transformers' padded forward, alternately (``--rounds`` each, the best time per cell kept), in one
+process. Both give the same bits (a check at the end: one round of 4 ragged rows, logits ``torch.equal``).
 
     python scripts/batch_passes.py --rounds 3 --out docs/results/batch_passes
 """
@@ -74,13 +74,12 @@ def main() -> int:
     args = parser.parse_args()
     import specdec
     from specdec.cli.serve import batch_engine
-    from specdec.config import DEFAULT_TARGET, default_draft
-    from specdec.drafters import plan_draft
+    from specdec.config import DEFAULT_TARGET, preset_draft
     from specdec.models.native import decoder_step
     from specdec.sweeps.machine import machine_info
 
     target = specdec.load(DEFAULT_TARGET)  # the CPU default: the exact quantized target
-    draft = plan_draft(default_draft(target.device)).load(target).draft  # serve's default draft
+    draft = preset_draft(target)  # serve's default draft (the Python API's default)
     engine = batch_engine(target, draft, args.max_batch, 4096, None, None, None, 0)
     models = [target.hf_model, engine.draft_session.model.hf_model]
 

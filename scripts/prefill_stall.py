@@ -60,13 +60,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     import specdec
-    from specdec.config import DEFAULT_TARGET, default_draft
+    from specdec.config import DEFAULT_TARGET, default_draft, preset_draft
     from specdec.sweeps.machine import machine_info
 
-    from specdec.drafters import plan_draft
-
     target = specdec.load(DEFAULT_TARGET)  # the CPU default: the exact quantized target
-    draft = plan_draft(default_draft(target.device)).load(target).draft  # serve's default draft
+    draft = preset_draft(target)  # serve's default draft (the Python API's default)
     long_ids = source_tokens(target, args.long)
     results = [run(target, draft, int(c), long_ids, args.rows, args.max_tokens) for c in args.chunks.split(",")]
     same = all(r["outputs"] == results[0]["outputs"] for r in results)

@@ -47,7 +47,8 @@ class BatchGamma:
     Each model-drafted row keeps its alpha (an :class:`AlphaEstimate` as the one-sequence schedule's), and the
     batch keeps the time of a draft step per batch size and of a target pass per number of tokens it feeds (rows x
     width; the tokens themselves where the sequences are packed without padding, :attr:`packed`), through
-    :class:`DecayedTimes` as the one-sequence schedule's, read piecewise linearly (:meth:`DecayedTimes.at`). Each round it drafts the gamma that maximizes the batch's expected tokens per second,
+    :class:`DecayedTimes` as the one-sequence schedule's, read piecewise linearly (:meth:`DecayedTimes.at`). Each
+    round it drafts the gamma that maximizes the batch's expected tokens per second,
 
         sum_i E_i(gamma) / (gamma D(B) + T(B (gamma + 1))),  E_i(gamma) = (1 - alpha_i^(gamma+1)) / (1 - alpha_i),
 

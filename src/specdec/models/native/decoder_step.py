@@ -11,9 +11,10 @@ every exactness property of the model stands. The embedding, the rotary table, t
 transformers' modules (once per step).
 
 :func:`step_packed` does the same for a batch of sequences
-(:class:`~specdec.models.sessions.batch_session.BatchSession`, each at its own length), packed into one pass without padding: what transformers' padded forward computes there with
-the row attention's ragged spans, the same bits, so a batched row still equals the sequence alone, at the cost of the
-tokens fed (a row of 30 predicted tokens beside plain rows no longer makes every row 31 wide).
+(:class:`~specdec.models.sessions.batch_session.BatchSession`, each at its own length), packed into one pass without
+padding: what transformers' padded forward computes there with the row attention's ragged spans, the same bits, so a
+batched row still equals the sequence alone, at the cost of the tokens fed (a row of 30 predicted tokens beside plain
+rows no longer makes every row 31 wide).
 
 Anything else (a pass from position 0 of the one-sequence engine, another architecture, a sliding window, a float
 model, a layer switched to torch's per-pass scale) runs transformers' forward: :func:`step` and :func:`step_packed`
