@@ -2,12 +2,16 @@
 back into the batch when a request joins, its keys and values copied each way: with a block-invariant target the
 row's tokens are bit for bit specdec.generate's, however often it moves."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import specdec
 from specdec.batch.engine import BatchEngine, alone_draft
 from specdec.config import GenerationConfig
+from specdec.drafters import hierarchical
+from specdec.drafters.plan import plan_draft
 from specdec.models.sessions.batch_session import BatchSession
 from test_batching import PROMPTS, quantizations
 from test_quantize import quantized_copy
@@ -82,7 +86,7 @@ def test_a_row_that_moves_between_batch_and_alone_equals_generate_bit_for_bit(ki
 
 
 @pytest.mark.parametrize("method", quantizations())
-def test_a_lone_row_drafts_with_the_whole_hierarchy(method):
+def test_a_lone_row_drafts_with_the_whole_hierarchy(method, monkeypatch):
     """A hierarchy as the batch's draft: rows of the batch draft with its top model, a lone row with all of it
     (the 0.5B under prompt lookup, as specdec serve's default): the tokens are plain decoding's."""
     target, draft = quantized_pair("llama", method)
@@ -93,6 +97,13 @@ def test_a_lone_row_drafts_with_the_whole_hierarchy(method):
     assert [o.token_ids for o in outs] == [p.token_ids for p in plain]
     assert any(o.stats.levels for o in outs)  # a row that finished alone reports its hierarchy's inner level
     assert alone_draft(hierarchy, draft).levels[1].name == "prompt-lookup"
+    copying = dataclasses.replace(plan_draft(hierarchy), copy_first=True)  # serve's default: copy+0.5b<-prompt-lookup
+    assert alone_draft(copying, draft).copy_first
+    for lazy_prompt in (1, 10**6):  # the 0.5B drafting from the first round, or only once copies stop paying
+        monkeypatch.setattr(hierarchical, "LAZY_PROMPT", lazy_prompt)
+        outs = specdec.generate_batch(target, PROMPTS[:3], draft=copying, config=config, max_batch=2)
+        assert [o.token_ids for o in outs] == [p.token_ids for p in plain]
+        assert any(o.stats.levels and o.stats.levels[0]["level"].startswith("copy+") for o in outs)
 
 
 def test_a_float_target_and_a_constrained_row_stay_in_the_batch():

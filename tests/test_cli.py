@@ -80,24 +80,25 @@ def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(c
     from specdec.models.kernels import extension
 
     quant = "int4@65536" if extension.usable_isa() else "int8"
-    assert spec("--device", "cpu") == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
+    assert spec("--device", "cpu") == f"copy+qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(extension, "usable_isa", lambda: None)
-        assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+        assert spec("--device", "cpu") == "copy+qwen2.5-coder-0.5b:int8<-prompt-lookup"
         patch.setattr(extension, "usable_isa", lambda: "avx2")
-        assert spec("--device", "cpu") == "qwen2.5-coder-0.5b:int4@65536<-prompt-lookup"
+        assert spec("--device", "cpu") == "copy+qwen2.5-coder-0.5b:int4@65536<-prompt-lookup"
     # and --help says so: both CPU defaults, as the CLI picks them
     draft_help = next(a.help for a in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
                       if a.dest == "draft")
-    assert ("qwen2.5-coder-0.5b:int4@65536<-prompt-lookup where it has AVX-512 VNNI or AVX2, else "
-            "qwen2.5-coder-0.5b:int8<-prompt-lookup") in draft_help
+    assert ("copy+qwen2.5-coder-0.5b:int4@65536<-prompt-lookup where it has AVX-512 VNNI or AVX2, else "
+            "copy+qwen2.5-coder-0.5b:int8<-prompt-lookup") in " ".join(draft_help.split())
     served = build_parser().parse_args(["serve", "--device", "cpu", "--max-batch", "8"])
     # the batch engine too: its rows draft with the top model, a lone row with the hierarchy (specdec.batch.alone)
-    assert draft_spec(served) == f"qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
+    assert draft_spec(served) == f"copy+qwen2.5-coder-0.5b:{quant}<-prompt-lookup"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(extension, "usable_isa", lambda: None)
-        assert draft_spec(served) == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+        assert draft_spec(served) == "copy+qwen2.5-coder-0.5b:int8<-prompt-lookup"
     assert spec("--draft", "m") == "m" and spec("--draft", "m", "--draft-quantize", "none") == "m"
+    assert spec("--draft", "copy+m<-prompt-lookup", "--draft-quantize", "int8") == "copy+m:int8<-prompt-lookup"
     assert spec("--draft", "m", "--draft-quantize", "int8") == "m:int8"
     # one syntax: repeated --draft is the hierarchy A<-B; --draft-quantize fills the levels that name none
     assert spec("--draft", "a", "--draft", "b:int8-tensor", "--draft", "bigram", "--draft-quantize", "int8") \

@@ -53,9 +53,9 @@ def test_turned_off_the_default_is_the_int8_target_through_fbgemm_with_its_int8_
     assert done.returncode == 0, done.stderr
     got = _lines(done.stdout)
     if "fbgemm" in torch.backends.quantized.supported_engines:
-        assert got["quantize"] == "int8" and got["draft"] == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+        assert got["quantize"] == "int8" and got["draft"] == "copy+qwen2.5-coder-0.5b:int8<-prompt-lookup"
     else:  # (ARM builds of torch: the float models)
-        assert got["quantize"] == "None" and got["draft"] == "qwen2.5-coder-0.5b<-prompt-lookup"
+        assert got["quantize"] == "None" and got["draft"] == "copy+qwen2.5-coder-0.5b<-prompt-lookup"
     assert got["isa"] == "None" and "could not build" not in done.stderr  # off is not a failure: no warning
 
 
@@ -67,7 +67,7 @@ def test_a_failed_build_warns_once_with_the_fix_and_the_defaults_run_without_the
 
     if not extension.cpu_supported():
         pytest.skip("this CPU runs no specdec kernel: nothing to fail")
-    assert got["quantize"] == "int8" and got["draft"] == "qwen2.5-coder-0.5b:int8<-prompt-lookup"
+    assert got["quantize"] == "int8" and got["draft"] == "copy+qwen2.5-coder-0.5b:int8<-prompt-lookup"
     assert done.stderr.count("could not build specdec's CPU kernels") == 1  # said once, with the fix
     assert "install a C++ compiler" in done.stderr and "runs without its CPU kernels" in done.stderr
 
@@ -88,6 +88,6 @@ def test_where_torch_has_no_fbgemm_the_default_is_the_float_pair(monkeypatch):
     monkeypatch.setattr(extension, "usable_isa", lambda: None)
     monkeypatch.setattr(int8_matmul, "has_fbgemm", lambda: False)
     assert config.default_target_quantize("qwen2.5-coder-1.5b", "cpu") is None
-    assert config.default_draft("cpu") == "qwen2.5-coder-0.5b<-prompt-lookup"
+    assert config.default_draft("cpu") == "copy+qwen2.5-coder-0.5b<-prompt-lookup"
     monkeypatch.setattr(int8_matmul, "has_fbgemm", lambda: True)
     assert config.default_target_quantize("qwen2.5-coder-1.5b", "cpu") == "int8"

@@ -26,10 +26,11 @@ def test_generate_without_a_draft_drafts_with_the_default_draft_loaded_once(targ
     plain = specdec.generate(target, PROMPT, draft=None, max_new_tokens=24, seed=0)
     assert out.token_ids == plain.token_ids and out.stats.exact  # exact: the target's own greedy tokens
     assert out.stats.drafted > 0 and plain.stats.drafted == 0 and plain.stats.draft_calls == 0
-    drafts = target.default_draft
-    levels = drafts if isinstance(drafts, list) else [drafts]
-    assert levels[0].name.startswith("qwen2.5-coder-0.5b") and default_draft("cpu").endswith("<-prompt-lookup")
-    assert len(out.stats.levels) == 1  # the hierarchy's inner level (prompt lookup under the 0.5B)
+    drafts = target.default_draft  # the plan, its models loaded
+    assert drafts.levels[0].name.name.startswith("qwen2.5-coder-0.5b") and drafts.copy_first
+    assert default_draft("cpu").startswith("copy+") and default_draft("cpu").endswith("<-prompt-lookup")
+    assert len(out.stats.levels) == 1  # the hierarchy's inner level (prompt lookup under the 0.5B, copying first)
+    assert out.stats.levels[0]["level"].startswith("copy+")
     again = specdec.generate(target, PROMPT, max_new_tokens=8, seed=0)
     assert target.default_draft is drafts and again.token_ids == out.token_ids[:8]  # loaded once, kept
     batch = specdec.generate_batch(target, [PROMPT, "class Stack:"], max_new_tokens=12)

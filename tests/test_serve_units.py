@@ -140,7 +140,7 @@ def test_serve_options():
     cpu = cli.build_parser().parse_args(["serve", "--device", "cpu"])
     # one draft in both server modes, the CPU default hierarchy (the batch's rows draft with its top model, a lone
     # row with all of it), 4 a round, constant
-    default = f"qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}<-prompt-lookup"
+    default = f"copy+qwen2.5-coder-0.5b:{'int4@65536' if cpu_supported() else 'int8'}<-prompt-lookup"
     for cpu.max_batch in (cli.SERVED_BATCH_CPU, 1):  # as _serve sets it on CPU; one request at a time
         assert cli.draft_spec(cpu) == default
     assert (cpu.gamma, cpu.gamma_schedule) == (None, None)

@@ -50,10 +50,12 @@ MAX_GAMMA_FLOOR = 12
 def default_draft(device: Any = None) -> str:
     """The draft specification used when none is given (CLI, server, the Python API's presets): the 0.5B; on CPU in
     int4 with its head cut to the first 65,536 ids where the CPU has AVX-512 VNNI or AVX2, else int8, with prompt
-    lookup drafting for it (``qwen2.5-coder-0.5b:int4@65536<-prompt-lookup``). The batch engine (``specdec serve
-    --max-batch N``) drafts its rows with the top model (``qwen2.5-coder-0.5b:int4@65536``: 1.09-1.29x the int8
-    0.5B's speed at 1 and 2 rows, 0.96-1.06x at 8: docs/serving.md), and a lone row with all of it."""
+    lookup drafting for it, copying first (``copy+qwen2.5-coder-0.5b:int4@65536<-prompt-lookup``: where the text
+    repeats, a copy of the context goes to the target directly, :mod:`specdec.drafters.copying`). The batch engine
+    (``specdec serve --max-batch N``) drafts its rows with the top model (``qwen2.5-coder-0.5b:int4@65536``: 1.09-1.29x
+    the int8 0.5B's speed at 1 and 2 rows, 0.96-1.06x at 8: docs/serving.md), and a lone row with all of it."""
     from specdec.devices import resolve_device
+    from specdec.drafters.spec import COPY_FIRST
     from specdec.models.kernels import int8_matmul
     from specdec.models.kernels import extension
 
@@ -64,7 +66,7 @@ def default_draft(device: Any = None) -> str:
     vocabulary = DEFAULT_DRAFT_VOCABULARY_KERNELS if kernels else DEFAULT_DRAFT_VOCABULARY_CPU
     head = f"@{vocabulary}" if vocabulary else ""
     model = f"{DEFAULT_DRAFT}:{quantize}{head}" if quantize else DEFAULT_DRAFT
-    return f"{model}<-{DEFAULT_DRAFT_INNER_CPU}"
+    return f"{COPY_FIRST}{model}<-{DEFAULT_DRAFT_INNER_CPU}"
 
 
 
@@ -80,7 +82,7 @@ def preset_draft(target: Any) -> Any:
     if target.default_draft is None:
         from specdec.drafters import plan_draft
 
-        target.default_draft = plan_draft(default_draft(target.device)).load(target).draft
+        target.default_draft = plan_draft(default_draft(target.device)).load(target)  # (a DraftPlan: copy+ kept)
     return target.default_draft
 
 

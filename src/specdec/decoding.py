@@ -27,7 +27,7 @@ from specdec.config import DEFAULT, GenerationConfig, preset_draft
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import DraftContext, DraftPlan, plan_draft
 from specdec.drafters.forced import with_forced
-from specdec.drafters.prediction import PredictionDrafter, with_prediction
+from specdec.drafters.prediction import with_prediction
 from specdec.errors import SpecDecError
 from specdec.models import LanguageModel, load
 from specdec.models.causal import new_token_limit
@@ -252,8 +252,9 @@ def _round(run: _Run) -> None:
     generated = len(run.sequence) - run.start_len
     # Never draft past the budget: n accepted + 1 target token must fit.
     wanted = run.schedule.next_gamma() if drafter is not None else 0
-    if isinstance(drafter, PredictionDrafter):  # on the prediction: more at once (it costs no draft model)
-        wanted = drafter.reach(run.sequence, wanted)
+    reach = getattr(drafter, "reach", None)  # a prediction, a copy: more at once (they cost no draft model)
+    if reach is not None:
+        wanted = reach(run.sequence, wanted)
     k = min(wanted, run.limit - generated - 1)
     length = len(run.sequence)
     carried, run.carried = run.carried, None
@@ -270,10 +271,11 @@ def _round(run: _Run) -> None:
             run.constraint.commit()
             check_dead_end(run, r.new)
     run.stats.record_round(r)
-    if isinstance(drafter, PredictionDrafter):  # its proposal lengths follow the measured verification cost
-        drafter.observe_pass(run.session.last_pass_tokens, r.time_verify)
+    if (observe := getattr(drafter, "observe_pass", None)) is not None:  # proposal lengths follow the measured
+        observe(run.session.last_pass_tokens, r.time_verify)  # verification cost
     run.ids[length: length + len(r.new)] = r.result.tokens[: len(r.new)]  # the round's tokens stay on the device
-    if drafter is not None and (carried is None or r.drafted):  # (a round with no pass measured no step)
+    if drafter is not None and (carried is None or r.drafted) and r.proposal.source != "copy":
+        # (a round with no pass measured no step; a copy round is not the schedule's draft)
         run.schedule.update(StepFeedback(r.drafted, r.n, r.betas, r.time_draft, r.time_verify,
                                          run.session.last_pass_tokens))
     added = append_tokens(run, r.new, [True] * r.n + [False])

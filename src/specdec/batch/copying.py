@@ -1,23 +1,17 @@
-"""Copying first in a batch: a model-drafted row whose output repeats its context drafts by prompt lookup this round.
+"""Copying first in a batch: a model-drafted row whose output repeats its context drafts by copying this round.
 
-A lone row drafts with the whole served draft, the 0.5B under prompt lookup (:mod:`specdec.batch.alone`); the rows of
-a batch draft with its model alone, or nothing where the batch's measured costs say plain rounds pay more
-(:mod:`specdec.batch.speculation`). Yet an answer that repeats text the request holds (an edited function, code from
-an earlier turn) can be drafted for free: each round, a model-drafted row whose last tokens occur earlier in its
-sequence (:func:`~specdec.drafters.prompt_lookup.find_continuation`, at least :data:`MIN_NGRAM` tokens) proposes what
-followed them there instead of the model's draft, k tokens where Theorem 8 with a free draft (c = 0) over the batch's
-measured pass costs says a pass with them gives the most tokens a second:
-
-    k = argmax (S + E(alpha, k) - 1) / T(N + k),  E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha),
-
-N the tokens the round's pass feeds without the copy (this row's one among them), S the tokens it gives (read as N:
-a token a fed token, what a plain batch gives), T the pass time per tokens fed, alpha the row's copies' own acceptance
-(an :class:`~specdec.schedules.AlphaEstimate` from :data:`ALPHA0`). It copies only where that beats the model's
-draft: more tokens expected than the model's gamma gives at its alpha. Only where the batch's sequences are packed
-into a pass (:attr:`~specdec.models.sessions.batch_session.BatchSession.packed`): a copy costs its own tokens there,
-padded it would make every row as wide. A copy is a one-hot draft (q None), verified as any other: the output is
-exact at every temperature. Only with ``speculation="measured"`` (with ``"rows"`` a seeded sampled row draws what it
-draws alone, so its drafts stay its own).
+A lone row drafts with the whole served draft, copying first in front of the 0.5B under prompt lookup
+(:mod:`specdec.batch.alone`); the rows of a batch draft with its model alone, or nothing where the batch's measured
+costs say plain rounds pay more (:mod:`specdec.batch.speculation`). Each round, a model-drafted row whose last tokens
+occur earlier in its sequence (:func:`~specdec.drafters.copying.find_copy`) proposes what followed them there instead
+of the model's draft: the k of :func:`~specdec.drafters.copying.best_copy` (Theorem 8 with a free draft) over the
+batch's measured pass times, N the tokens the round's pass feeds without the copy (this row's one among them), alpha
+the row's copies' own acceptance (``row.copy_alpha``, from :data:`~specdec.drafters.copying.ALPHA0`). It copies only
+where that beats the model's draft: more tokens expected than the model's gamma gives at its alpha. Only where the
+batch's sequences are packed into a pass (:attr:`~specdec.models.sessions.batch_session.BatchSession.packed`): a copy
+costs its own tokens there, padded it would make every row as wide. A copy is a one-hot draft (q None), verified as any
+other: the output is exact at every temperature. Only with ``speculation="measured"`` (with ``"rows"`` a seeded
+sampled row draws what it draws alone, so its drafts stay its own).
 """
 
 from __future__ import annotations
@@ -27,17 +21,8 @@ from typing import Any
 from specdec.analysis import expected_tokens
 from specdec.batch.row import MODEL, PAD, BatchRow
 from specdec.drafters.base import Draft
-from specdec.drafters.prompt_lookup import find_continuation
+from specdec.drafters.copying import ALPHA0, MAX_COPY, best_copy, find_copy
 from specdec.schedules import AlphaEstimate
-
-#: The shortest suffix match a copy starts from (a lone repeated token is no evidence of a copied stretch).
-MIN_NGRAM = 3
-#: The longest suffix match looked for.
-MAX_NGRAM = 4
-#: The most tokens a copy proposes.
-MAX_COPY = 32
-#: A row's copies' acceptance before any was verified.
-ALPHA0 = 0.5
 
 
 def copy_reach(policy: Any, alpha: float, fed: int, top: int) -> int:
@@ -46,13 +31,7 @@ def copy_reach(policy: Any, alpha: float, fed: int, top: int) -> int:
     times = policy.target_time
     if len(times) < 2 or top <= 0:
         return 0
-    alpha = min(max(alpha, 0.0), 1 - 1e-6)
-
-    def rate(k: int) -> float:
-        seconds = times.at(fed + k)
-        return (fed + expected_tokens(alpha, k) - 1) / seconds if seconds else 0.0
-
-    return max(range(top + 1), key=rate)
+    return best_copy(alpha, top, times.at, fed)[0]
 
 
 def propose_copies(engine: Any, rows: list[BatchRow], ks: list[int],
@@ -69,7 +48,7 @@ def propose_copies(engine: Any, rows: list[BatchRow], ks: list[int],
             continue
         room = row.limit - (len(row.sequence) - row.start_len) - 1  # n accepted + 1 target token must fit
         top = min(MAX_COPY, PAD - 1, room)
-        found = find_continuation(row.sequence, top, MAX_NGRAM, MIN_NGRAM) if top > 0 else []
+        found = find_copy(row.sequence, top)
         if not found:
             continue
         if row.copy_alpha is None:

@@ -4,6 +4,7 @@ and random source; a row far behind (after plain rounds) is caught up first."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -142,4 +143,4 @@ def alone_draft(draft: Any, model: Any) -> Any:
     plan = plan_draft(draft)
     if model is None or plan.kind is not DraftKind.HIERARCHY:
         return model
-    return DraftPlan((DraftLevel(model, None), *plan.levels[1:]))
+    return dataclasses.replace(plan, levels=(DraftLevel(model, None), *plan.levels[1:]))  # (copying first kept)

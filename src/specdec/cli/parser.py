@@ -17,6 +17,7 @@ from specdec.config import (
     DEFAULT_DRAFT_VOCABULARY_KERNELS,
     DEFAULT_TARGET,
 )
+from specdec.drafters.spec import COPY_FIRST
 
 SERVED_POSITIONS = 4096  # the served caches' capacity (specdec serve --max-positions)
 SERVED_BATCH_CPU = 8  # specdec serve --max-batch on CPU (docs/serving.md: the load test)
@@ -29,10 +30,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", action="append", default=None, metavar="SPEC",
                    help="the draft, in the one draft syntax: a model (preset, folder, hub id, .gguf) with an optional "
                         ":int8, :int8-tensor or :int4, or prompt-lookup, bigram, unigram, random; A<-B for hierarchical "
-                        "drafting (B drafts for A; repeating --draft appends levels the same way); 'none' for plain "
-                        f"decoding (default on CPU: {DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_KERNELS}@{DEFAULT_DRAFT_VOCABULARY_KERNELS}"
-                        f"<-{DEFAULT_DRAFT_INNER_CPU} where it has AVX-512 VNNI or AVX2, else "
-                        f"{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}<-{DEFAULT_DRAFT_INNER_CPU}; {DEFAULT_DRAFT} on CUDA)")
+                        "drafting (B drafts for A; repeating --draft appends levels the same way); copy+A<-B: copying first (where "
+                        "the text repeats, a copy of the context goes to the target directly); 'none' for plain "
+                        f"decoding (default on CPU: {COPY_FIRST}{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_KERNELS}@"
+                        f"{DEFAULT_DRAFT_VOCABULARY_KERNELS}<-{DEFAULT_DRAFT_INNER_CPU} where it has AVX-512 VNNI or AVX2, "
+                        f"else {COPY_FIRST}{DEFAULT_DRAFT}:{DEFAULT_DRAFT_QUANTIZE_CPU}<-{DEFAULT_DRAFT_INNER_CPU}; "
+                        f"{DEFAULT_DRAFT} on CUDA)")
     p.add_argument("--dtype", default=None,
                    help="model dtype of float models: bf16 (default) or fp32 (exact comparisons); asking one keeps the "
                         "packaged target in that dtype instead of the CPU's quantized default (--quantize)")

@@ -8,11 +8,13 @@ levels, checked before anything loads, then built into the drafter the decoding 
 A level is a drafter name (``prompt-lookup``, ``suffix``, ``unigram``, ``bigram``, ``random``), a model source (a
 preset, a folder, a hub id, a .gguf file) with its quantization, or an object the user passed (a loaded
 model, a :class:`~specdec.drafters.base.Drafter`). The top level drafts for the target; each model level
-is drafted for by the levels below it (hierarchical drafting); parameter-free drafters come last.
+is drafted for by the levels below it (hierarchical drafting); parameter-free drafters come last. A hierarchy
+may copy first (``copy+A<-prompt-lookup``: :mod:`specdec.drafters.copying`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import os
@@ -24,7 +26,8 @@ from specdec.drafters.hierarchical import SpeculativeDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.names import DRAFTER_NAMES
 from specdec.drafters.retokenized import RetokenizedDrafter
-from specdec.drafters.spec import PLAIN, DraftLevel, as_draft_error, format_spec, is_plain, parse_spec
+from specdec.drafters.spec import (COPY_FIRST, PLAIN, DraftLevel, as_draft_error, format_spec, is_plain, parse_spec,
+                                   split_copy_first)
 from specdec.errors import SpecDecError
 
 # get(name, quantize) -> a loaded model: how a plan's named model levels load (specdec.load by default; the
@@ -64,6 +67,7 @@ class DraftPlan:
     """The levels of a draft, top first (empty: plain decoding). See the module docstring."""
 
     levels: tuple[DraftLevel, ...] = ()
+    copy_first: bool = False  # the top model level copies from the context first (spec prefix "copy+")
 
     @property
     def plain(self) -> bool:
@@ -91,7 +95,7 @@ class DraftPlan:
     def __str__(self) -> str:
         if self.plain:
             return PLAIN
-        return format_spec([lv if _is_name(lv.name) else DraftLevel(getattr(lv.name, "name", type(lv.name).__name__), None)
+        return (COPY_FIRST if self.copy_first else "") + format_spec([lv if _is_name(lv.name) else DraftLevel(getattr(lv.name, "name", type(lv.name).__name__), None)
                             for lv in self.levels])
 
     def check(self, dtype: Any = None, device: Any = None) -> None:
@@ -133,7 +137,7 @@ class DraftPlan:
                     model = restricted_draft(model, level.vocabulary)
                 level = DraftLevel(model, None)
             levels.append(level)
-        return DraftPlan(tuple(levels))
+        return dataclasses.replace(self, levels=tuple(levels))
 
     @property
     def draft(self) -> Any:
@@ -161,13 +165,20 @@ class DraftPlan:
                     f"in a hierarchy every level but the last must be a model, got {top.name!r} at a higher "
                     "level; put parameter-free drafters last"
                 )
-            drafter = SpeculativeDrafter(top.model, drafter, inner_gamma)
+            copy_first = self.copy_first and top is drafters[0]  # (the level that drafts for the target)
+            drafter = SpeculativeDrafter(top.model, drafter, inner_gamma, copy_first)
         return drafter
 
 
 @functools.lru_cache(maxsize=256)
 def _parse(spec: str) -> DraftPlan:
-    return DraftPlan(() if is_plain(spec) else tuple(parse_spec(spec)))
+    copy_first, rest = split_copy_first(spec)
+    plan = DraftPlan(() if is_plain(rest) and not copy_first else tuple(parse_spec(rest)), copy_first)
+    if copy_first and (plan.kind is not DraftKind.HIERARCHY or str(plan.levels[0].name) in DRAFTER_NAMES):
+        raise SpecDecError(f"{COPY_FIRST!r} puts copying from the context in front of a hierarchy's top model, which "
+                           f"drafts otherwise; {spec!r} has none: give e.g. "
+                           f"{COPY_FIRST}qwen2.5-coder-0.5b<-prompt-lookup")
+    return plan
 
 
 def plan_draft(draft: Any) -> DraftPlan:

@@ -193,6 +193,8 @@ class PredictionDrafter(InFront):
         self._passes_seen += 1
         if tokens > 0 and seconds > 0 and self._passes_seen > 1:
             self.passes.observe(tokens, seconds)
+        if self._inner_started and (observe := getattr(self._inner, "observe_pass", None)) is not None:
+            observe(tokens, seconds)  # (a draft that copies first times its passes too)
 
     def pass_cost(self, tokens: int) -> float:
         """A pass over ``tokens`` tokens in one-token passes: from this generation's own timed passes (the line
@@ -208,10 +210,13 @@ class PredictionDrafter(InFront):
         """How many tokens to propose this round, given the schedule's ``gamma``: with the output on the prediction,
         the k Theorem 8 favours when a draft costs nothing (c = 0): the most expected tokens, E(alpha, k) =
         (1 - alpha^(k+1)) / (1 - alpha), per the cost of a pass over k + 1 tokens (:meth:`pass_cost`), at the
-        prediction's recent per-token acceptance alpha; off it, ``gamma`` (the configured draft's)."""
+        prediction's recent per-token acceptance alpha; off it, the configured draft's (its :meth:`reach` where it
+        has one: copying first, else ``gamma``)."""
         at = self._position(sequence)
         if at is None:
-            return gamma
+            young = self.left is not None and len(sequence) - self.prompt_length - self.left[1] <= YOUNG
+            inner_reach = getattr(self._inner, "reach", None) if self._inner_started and not young else None
+            return inner_reach(sequence, gamma) if inner_reach is not None else gamma
         if not self.rounds:
             return max(gamma, FIRST_REACH)
         alpha = min(self.alpha, 0.999)

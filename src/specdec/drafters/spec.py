@@ -1,6 +1,9 @@
 """The draft specification: one string names a draft in the Python API, the CLI, the server and the benchmarks.
 
-    SPEC  := LEVEL ("<-" LEVEL)*      a hierarchy: each model level is drafted for by the next
+    SPEC  := ["copy+"] LEVEL ("<-" LEVEL)*
+                                      a hierarchy: each model level is drafted for by the next; "copy+": copying
+                                      first, the top model level proposes a copy of the context to the target
+                                      directly where the text repeats (specdec.drafters.copying; needs a hierarchy)
     LEVEL := NAME [":" QUANT] ["@" N] NAME: a model (preset, folder, hub id, .gguf) or a parameter-free
                                       drafter (prompt-lookup, suffix, unigram, bigram, random, grammar); QUANT: int8,
                                       int8-tensor, int4 (AVX-512 VNNI / AVX2) or llama-cpp (model levels
@@ -21,6 +24,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specdec.errors import SpecDecError
 
+COPY_FIRST = "copy+"  # the prefix of a hierarchy that copies first (specdec.drafters.copying)
 QUANTIZATIONS = ("int8", "int8-tensor", "int4", "int4-mixed", "llama-cpp")  # llama-cpp: the GGUF run by llama.cpp
 HIERARCHY_ARROW = "<-"
 PLAIN = "none"  # no draft: plain decoding
@@ -45,12 +49,21 @@ def as_draft_error(err: SpecDecError, plain: bool = False) -> SpecDecError:
     return SpecDecError(f"{err} (as a draft, also accepted: {', '.join(names)})")
 
 
+def split_copy_first(spec: str) -> tuple[bool, str]:
+    """``"copy+a<-b"`` -> ``(True, "a<-b")``; a spec without the prefix -> ``(False, spec)``."""
+    stripped = spec.strip() if isinstance(spec, str) else spec
+    if isinstance(stripped, str) and stripped.startswith(COPY_FIRST):
+        return True, stripped[len(COPY_FIRST):]
+    return False, spec
+
+
 def parse_spec(spec: str) -> list[DraftLevel]:
     """``"a:int8<-b"`` -> ``[DraftLevel("a", "int8"), DraftLevel("b", None)]``, checked: no empty level, no
     quantized drafter, parameter-free drafters last."""
     drafters = _drafter_names()
     if not isinstance(spec, str) or not spec.strip():
         raise SpecDecError(f"empty draft specification {spec!r}; give e.g. qwen2.5-coder-0.5b:int8 or prompt-lookup")
+    spec = split_copy_first(spec)[1]  # (copying first is the plan's: specdec.drafters.plan)
     levels = []
     for part in spec.split(HIERARCHY_ARROW):
         part = part.strip()
@@ -98,7 +111,7 @@ def with_default_quantization(spec: str, quantize: str | None) -> str:
     if quantize is None:
         return spec
     drafters = _drafter_names()
-    return format_spec([DraftLevel(lv.name, lv.quantize or (None if lv.name in drafters else quantize), lv.vocabulary)
+    return (COPY_FIRST if split_copy_first(spec)[0] else "") + format_spec([DraftLevel(lv.name, lv.quantize or (None if lv.name in drafters else quantize), lv.vocabulary)
                         for lv in parse_spec(spec)])
 
 
