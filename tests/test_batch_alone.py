@@ -106,6 +106,24 @@ def test_a_lone_row_drafts_with_the_whole_hierarchy(method, monkeypatch):
         assert any(o.stats.levels and o.stats.levels[0]["level"].startswith("copy+") for o in outs)
 
 
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_lone_row_copying_first_leaves_its_prompt_out_of_the_batch_draft(lazy, monkeypatch):
+    """A request alone in the server, copying first on a long prompt: its draft model starts only when copies stop
+    paying, so its prompt is not fed to the batch's draft as it goes in (a short prompt's is); tokens as alone."""
+    target, draft = quantized_pair("llama", quantizations()[0])
+    monkeypatch.setattr(hierarchical, "LAZY_PROMPT", 1 if lazy else 10**6)
+    copying = dataclasses.replace(plan_draft([draft, "prompt-lookup"]), copy_first=True)
+    engine = BatchEngine(target, draft, max_batch=2, alone_draft=alone_draft(copying, draft), speculation="rows")
+    fed = []
+    prefill = engine.draft_session.prefill
+    monkeypatch.setattr(engine.draft_session, "prefill", lambda *a, **k: fed.append(a) or prefill(*a, **k))
+    config = GenerationConfig(max_new_tokens=20, gamma=3)
+    row = engine.add(PROMPTS[0], config)
+    engine.run()
+    assert (fed == []) == lazy and engine.moves["alone"] == 1
+    assert row.output.token_ids == specdec.generate(target, PROMPTS[0], config=config).token_ids
+
+
 def test_a_float_target_and_a_constrained_row_stay_in_the_batch():
     """Float passes may round differently in a batch than in one-sequence steps: such rows never move (and a row
     under a grammar keeps the batch's rounds)."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from specdec.batch.row import MODEL, BatchRow, ModelRowDrafter, row_context
 from specdec.devices import RoundClock
+from specdec.drafters import hierarchical
 from specdec.drafters.model import ModelDrafter
 from specdec.run_state import finish_output
 from specdec.schedules import make_schedule
@@ -37,6 +38,15 @@ def can_go_alone(engine: Any, row: BatchRow) -> bool:
     target = engine.target
     return (engine.alone and target.block_invariant and target.engine == "dynamic" and not target.cuda_graphs
             and row.constraint is None and (row.draft != MODEL or engine.alone_plan is not None))
+
+
+def drafts_lazily(engine: Any, row: BatchRow) -> bool:
+    """Whether ``row``, joining an empty batch with none waiting, goes on alone with a draft that starts its model
+    lazily (:meth:`~specdec.drafters.hierarchical.SpeculativeDrafter.start`: copying first, a long prompt): then its
+    prompt is not fed to the batch's draft model as it goes in (an edit that copies write never pays it)."""
+    plan = engine.alone_plan
+    return (not engine.rows and not engine.waiting and plan is not None and plan.copy_first
+            and len(row.prompt_ids) >= hierarchical.LAZY_PROMPT and can_go_alone(engine, row))
 
 
 def go_alone(engine: Any, row: BatchRow) -> bool:

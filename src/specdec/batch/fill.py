@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specdec.batch.alone import drafts_lazily
 from specdec.batch.prefix import reuse_keeps_bits, reuse_prefix
 from specdec.batch.row import MODEL, BatchRow
 
@@ -33,8 +34,10 @@ def start_fill(engine: Any, row: BatchRow) -> None:
     row.t_start = Stopwatch(engine.target.device)()
     reused, reused_draft = reuse_prefix(engine, slot, row)
     engine.target_session.lengths[slot] = reused
-    # a model-drafted row's draft catches up later where the batch drafts nothing at this size
-    row.fill_draft = row.draft == MODEL and engine.draft_prefills(len(engine.rows) + 1)
+    # a model-drafted row's draft catches up later where the batch drafts nothing at this size, or where the row goes
+    # on alone with a draft that copies first and starts its model only when copies stop paying
+    row.fill_draft = (row.draft == MODEL and engine.draft_prefills(len(engine.rows) + 1)
+                      and not drafts_lazily(engine, row))
     if row.draft == MODEL:
         engine.draft_session.lengths[slot] = reused_draft
     row.filled, row.draft_filled = reused, reused_draft
