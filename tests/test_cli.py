@@ -65,6 +65,24 @@ def test_generate_streams_text_and_prints_statistics(capsys, model_dir):
     assert "mean accepted length" in out and "alpha 1.000" in out  # the target drafting for itself
 
 
+def test_a_draft_that_copies_first_still_copies_first_once_the_cli_loaded_it(capsys, model_dir):
+    """The CLI's and the server's loading (cli.models.load_models) keeps copy+ (its levels alone would drop it)."""
+    from specdec.cli import build_parser
+    from specdec.cli.models import draft_label, load_models
+
+    prompt = "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2 w3"
+    code, out, _ = run(capsys, "generate", prompt, "--target", model_dir, "--draft", f"copy+{model_dir}<-prompt-lookup",
+                       "--dtype", "fp32", "--max-new-tokens", "12", "--json")
+    plain = specdec.generate(specdec.load(model_dir, dtype="fp32"), prompt, max_new_tokens=12)
+    got = json.loads(out)
+    assert code == 0 and got["token_ids"] == plain.token_ids
+    assert got["stats"]["levels"][0]["level"].startswith("copy+")
+    args = build_parser().parse_args(["serve", "--target", model_dir, "--draft", f"copy+{model_dir}<-prompt-lookup",
+                                      "--dtype", "fp32"])
+    _, draft = load_models(args)
+    assert draft.copy_first and draft_label(draft).startswith("copy+")
+
+
 def test_int8_model_drafts_are_exact_and_the_default_draft_is_quantized_on_cpu(capsys, model_dir):
     code, out, _ = run(capsys, "generate", "w1 w2 w3", "--target", model_dir, "--draft", model_dir + ":int8",
                        "--dtype", "fp32", "--max-new-tokens", "10", "--json")

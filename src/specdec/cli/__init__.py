@@ -164,7 +164,9 @@ def _print_load(target, draft, load_seconds: float) -> None:
 
     parts = [f"target {target.name} ({str(target.dtype).replace('torch.', '')}) {target.load_seconds or 0.0:.1f} s"
              f"{code(target)}"]
-    for d in draft if isinstance(draft, list) else [draft]:
+    from specdec.drafters import plan_draft
+
+    for d in (level.name for level in plan_draft(draft).levels):
         if isinstance(d, Model) and d.load_seconds is not None:
             parts.append(f"draft {d.name} {d.load_seconds:.1f} s{code(d)}")
     print(f"specdec: loaded in {load_seconds:.1f} s: {', '.join(parts)}; peak memory {_peak_rss_gib():.2f} GiB "

@@ -74,12 +74,14 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     from specdec.models.quantized.quantize import wait_packed
 
     quantize = target_quantization(args)
-    draft = plan_draft(draft_spec(args)).load(dtype=args.dtype if args.dtype is not None else load_dtype(None, quantize),
-                                              device=resolve_device(args.device), compile=bool(args.compile)).draft
+    plan = plan_draft(draft_spec(args)).load(dtype=args.dtype if args.dtype is not None else load_dtype(None, quantize),
+                                             device=resolve_device(args.device), compile=bool(args.compile))
+    draft = plan if plan.copy_first else plan.draft  # (a plan that copies first stays one: its levels alone do not)
     # the dtype as load() would take it (float models: bf16), given: --quantize none loads the float target
     target = specdec.load(args.target, dtype=load_dtype(args.dtype, quantize), quantize=quantize, device=args.device,
                           compile=bool(args.compile), tokenizer=target_tokenizer)
-    for level in draft if isinstance(draft, list) else [draft]:
+    for level in plan.levels:
+        level = level.name
         if isinstance(level, Model) and level.hf_model is not None:
             wait_packed(level.hf_model)
     return target, draft
@@ -97,6 +99,10 @@ def native_models(args: argparse.Namespace):
 
 
 def draft_label(draft) -> str:
+    from specdec.drafters import DraftPlan
+
     if draft is None:
         return "none"
+    if isinstance(draft, DraftPlan):
+        return ("copy+" if draft.copy_first else "") + draft_label(draft.draft)
     return " <- ".join(getattr(d, "name", str(d)) for d in (draft if isinstance(draft, list) else [draft]))
