@@ -144,8 +144,9 @@ class SpeculativeDrafter(ModelDrafter):
     def reach(self, sequence: Sequence[int], gamma: int) -> int:
         """How many tokens to propose this round, given the schedule's ``gamma``: with copying first, where the
         sequence's last tokens occur earlier in it (:func:`~specdec.drafters.copying.find_copy`), the copy length
-        :func:`~specdec.drafters.copying.best_copy` favours, if its tokens a second E(alpha_copy, k) / T(k + 1) beat
-        a model round's E(alpha_model, gamma) / (T(gamma + 1) + D(gamma)) by :data:`COPY_MARGIN`; else ``gamma``."""
+        :func:`~specdec.drafters.copying.best_copy` favours, if its tokens a second (its first token's and later
+        tokens' acceptance: :func:`~specdec.drafters.copying.copy_tokens` / T(k + 1)) beat a model round's
+        E(alpha_model, gamma) / (T(gamma + 1) + D(gamma)) by :data:`COPY_MARGIN`; else ``gamma``."""
         self._copy = None
         ctx = getattr(self, "context", None)
         if not self.copy_first or gamma <= 0 or ctx is None or ctx.constraint is not None:
@@ -267,8 +268,8 @@ class SpeculativeDrafter(ModelDrafter):
         """Roll back this level, and every level below it to what the level above accepted.
 
         The levels below were fed this level's whole proposal while it was being drafted; the part
-        that the level above rejected must leave their caches too. A copy round only counts its acceptance.
-        """
+        that the level above rejected must leave their caches too. A copy round leaves M_1 where it was (its
+        acceptance is read at the next :meth:`reach`)."""
         if self._drafted:  # betas of one token each up to the first rejection (AlphaEstimate)
             drafted = self._drafted
             self.model_alpha.observe([1.0] * min(n_accepted, drafted) + ([0.0] if n_accepted < drafted else []))
