@@ -76,7 +76,9 @@ def load_models(args: argparse.Namespace, target_tokenizer: Any = None):
     quantize = target_quantization(args)
     plan = plan_draft(draft_spec(args)).load(dtype=args.dtype if args.dtype is not None else load_dtype(None, quantize),
                                              device=resolve_device(args.device), compile=bool(args.compile))
-    draft = plan if plan.copy_first else plan.draft  # (a plan that copies first stays one: its levels alone do not)
+    # what generate(draft=) takes: the loaded model (or levels) as before, the plan where it copies first (its levels
+    # alone would drop copy+)
+    draft = plan if plan.copy_first else plan.draft
     # the dtype as load() would take it (float models: bf16), given: --quantize none loads the float target
     target = specdec.load(args.target, dtype=load_dtype(args.dtype, quantize), quantize=quantize, device=args.device,
                           compile=bool(args.compile), tokenizer=target_tokenizer)
@@ -100,9 +102,10 @@ def native_models(args: argparse.Namespace):
 
 def draft_label(draft) -> str:
     from specdec.drafters import DraftPlan
+    from specdec.drafters.spec import COPY_FIRST
 
     if draft is None:
         return "none"
     if isinstance(draft, DraftPlan):
-        return ("copy+" if draft.copy_first else "") + draft_label(draft.draft)
+        return (COPY_FIRST if draft.copy_first else "") + draft_label(draft.draft)
     return " <- ".join(getattr(d, "name", str(d)) for d in (draft if isinstance(draft, list) else [draft]))

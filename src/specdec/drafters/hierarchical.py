@@ -29,6 +29,7 @@ from specdec.drafters.base import (Draft, DraftContext, Drafter, DrafterBase, Dr
                                   merge_widths)
 from specdec.drafters.copying import ALPHA0, COPY_ALPHA0, MAX_COPY, best_copy, find_copy
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.spec import COPY_FIRST
 from specdec.models import LanguageModel
 from specdec.schedules import AlphaEstimate, DecayedTimes
 from specdec.stats import LevelStats
@@ -67,7 +68,7 @@ class SpeculativeDrafter(ModelDrafter):
         self.inner = inner
         self.inner_gamma = inner_gamma
         self.copy_first = copy_first
-        self.name = ("copy+" if copy_first else "") + f"{model.name}<-{inner.name}"
+        self.name = (COPY_FIRST if copy_first else "") + f"{model.name}<-{inner.name}"
         self.level = LevelStats(level=self.name)
         self._start_copying()
 

@@ -174,7 +174,7 @@ class DraftPlan:
 def _parse(spec: str) -> DraftPlan:
     copy_first, rest = split_copy_first(spec)
     plan = DraftPlan(() if is_plain(rest) and not copy_first else tuple(parse_spec(rest)), copy_first)
-    if copy_first and (plan.kind is not DraftKind.HIERARCHY or str(plan.levels[0].name) in DRAFTER_NAMES):
+    if copy_first and plan.kind is not DraftKind.HIERARCHY:  # (parse_spec keeps drafter names off a hierarchy's top)
         raise SpecDecError(f"{COPY_FIRST!r} puts copying from the context in front of a hierarchy's top model, which "
                            f"drafts otherwise; {spec!r} has none: give e.g. "
                            f"{COPY_FIRST}qwen2.5-coder-0.5b<-prompt-lookup")

@@ -51,10 +51,8 @@ def as_draft_error(err: SpecDecError, plain: bool = False) -> SpecDecError:
 
 def split_copy_first(spec: str) -> tuple[bool, str]:
     """``"copy+a<-b"`` -> ``(True, "a<-b")``; a spec without the prefix -> ``(False, spec)``."""
-    stripped = spec.strip() if isinstance(spec, str) else spec
-    if isinstance(stripped, str) and stripped.startswith(COPY_FIRST):
-        return True, stripped[len(COPY_FIRST):]
-    return False, spec
+    stripped = spec.strip()
+    return (True, stripped[len(COPY_FIRST):]) if stripped.startswith(COPY_FIRST) else (False, spec)
 
 
 def parse_spec(spec: str) -> list[DraftLevel]:
