@@ -2,13 +2,16 @@
 batch's measured costs caps every model-drafted row's gamma, so rows draft fewer tokens, or none, as the batch grows;
 where it drafts nothing a joining row's draft is not prefilled, and catches up once the batch drafts again."""
 
+from types import SimpleNamespace
+
 import pytest
 
 import specdec
-from specdec.batch.engine import BatchEngine, BatchGamma
+from specdec.batch.engine import MODEL, BatchEngine, BatchGamma
+from specdec.batch.speculation import settle_alphas
 from specdec.config import GenerationConfig
 from specdec.errors import SpecDecError
-from specdec.schedules import DecayedTimes
+from specdec.schedules import AlphaEstimate, DecayedTimes
 from test_batch_alone import quantized_pair
 from test_batching import PROMPTS, quantizations
 
@@ -101,3 +104,109 @@ def test_an_unknown_speculation_is_a_clear_error():
     target, draft = quantized_pair("llama", "int8")
     with pytest.raises(SpecDecError, match="speculation must be one of measured, gate, rows, got 'always'"):
         BatchEngine(target, draft, speculation="always")
+
+
+def planted_policy(feed_seconds: float, step: float = 0.012) -> BatchGamma:
+    """A batch policy with flat_then_linear passes, a draft step of ``step`` seconds at any batch size, and the draft
+    fed at ``feed_seconds`` a token."""
+    policy = BatchGamma(gamma=4, max_gamma=12)
+    for tokens in (1, 2, 8, 16, 40):
+        policy.target_time.observe(tokens, flat_then_linear(tokens))
+    for rows in (1, 2, 4, 8):
+        policy.draft_time.observe(rows, step)
+    policy.observe_feed(100, 100 * feed_seconds)
+    return policy
+
+
+def test_feeding_a_draft_pays_only_for_enough_tokens_to_come():
+    """At 2 rows of alpha 0.8 (the planted costs: plain 33 tokens/s, gamma 3 about 61) drafting saves about 14 ms a
+    token: a 340-token prompt fed at 3 ms a token (1.0 s, twice that with FEED_MARGIN) pays for 192 tokens to come,
+    not for the 70 that finished requests generated; a 100-token prompt pays for those 70; a row 60 tokens into a
+    request of a 70-token mean still counts a quarter of it (17 tokens)."""
+    assert BatchGamma(gamma=4, max_gamma=12).feed_pays(2, 340, 192) is None  # nothing timed: the caller's rule
+    policy = planted_policy(0.003)
+    assert policy.feed_pays(2, 340, 192) is True  # no request finished yet: the row's limit
+    for _ in range(3):
+        policy.finished(70)
+    assert policy.output_tokens == pytest.approx(70)
+    assert policy.feed_pays(2, 340, 192) is False and policy.feed_pays(2, 100, 192) is True
+    assert policy.feed_pays(2, 100, 30) is False  # at most the tokens the row may still generate
+    assert policy.feed_pays(2, 30, 192, generated=60) is True and policy.feed_pays(2, 60, 192, generated=60) is False
+    policy.pooled = AlphaEstimate(0.1)  # a draft the target rejects: the batch would not draft, so nothing pays
+    assert policy.feed_pays(2, 1, 192) is False
+
+
+def test_an_alpha_left_low_by_rejections_ages_toward_the_batch_pooled_one():
+    """A row whose estimate two rejected rounds left at 0.24 keeps a batch of two plain (the planted costs, a 30 ms
+    draft step: rows of 0.8 and below 0.6 draft nothing) while it drafts nothing; rounds in which it proposes
+    nothing age it toward the pooled alpha, and the batch drafts again. A round in which a row drafted feeds the
+    pooled alpha instead."""
+    policy = planted_policy(0.003, step=0.030)
+    low = AlphaEstimate(0.8)
+    for _ in range(2):
+        low.observe([0.0])
+    assert low.value < 0.3
+    assert policy.choose([0.8, low.value], 2) == 0  # (plain's pass at 2 rows is timed first)
+    assert policy.choose([0.8, low.value], 2) == 0
+    rows = [SimpleNamespace(draft=MODEL, alpha=AlphaEstimate(0.8), schedule=None),
+            SimpleNamespace(draft=MODEL, alpha=low, schedule=policy.row())]
+    rows[1].schedule._alpha = AlphaEstimate(low.value)
+    rounds = 0
+    while policy.choose([0.8, rows[1].alpha.value], 2) == 0:
+        settle_alphas(policy, rows, [True, False], [[1.0, 1.0], []])
+        rounds += 1
+        assert rounds < 60
+    assert rows[1].alpha.value > 0.5 and rows[1].schedule.alpha > 0.5  # (the adaptive schedule's estimate aged too)
+    assert policy.pooled.value > 0.8  # the drafting row's accepted betas
+
+
+@pytest.mark.parametrize("method", quantizations())
+def test_a_joining_row_whose_draft_feeding_does_not_pay_runs_plain_with_its_tokens(monkeypatch, method):
+    """Where feeding the draft a prompt costs more than drafting saves (a planted 10 s a token), a row joining a
+    batch that holds a row has no draft prefill and drafts nothing, while the row that joined the empty batch
+    (fed, as a lone row drafts) drafts; where feeding is cheap both are fed. Greedy rows give specdec.generate's
+    tokens either way. (Copying first is off here: its copies need no draft model and would count as drafts.)"""
+    from specdec.batch import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "propose_copies", lambda engine, rows, ks, skip: (ks, {}))
+    target, draft = quantized_pair("llama", method)
+    configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (24, 20)]
+    prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]
+    alone = [specdec.generate(target, p, draft=draft, config=c).token_ids for p, c in zip(prompts, configs)]
+    for feed, fed in ((10.0, [True, False]), (1e-6, [True, True])):
+        engine = BatchEngine(target, draft, max_batch=2, alone=False)
+        engine.gamma_policy = planted_policy(feed)
+        engine.gamma_policy.packed = engine.target_session.packed
+        rows = []
+        for p, c in zip(prompts, configs):  # (one at a time: the second joins a batch of one)
+            rows.append(engine.add(p, c))
+            engine.step()
+        engine.run()
+        assert [r.output.token_ids for r in rows] == alone
+        assert [r.fill_draft for r in rows] == fed
+        assert rows[0].output.stats.drafted > 0 and (rows[1].output.stats.drafted > 0) == fed[1]
+
+
+@pytest.mark.parametrize("method", quantizations())
+def test_a_lone_row_whose_draft_was_not_fed_waits_in_the_batch_while_a_prompt_goes_in(monkeypatch, method):
+    """The batch's only row, its draft never fed, stays in the batch while the next request's prompt goes in (chunks
+    of 8 tokens) rather than go alone and have its draft fed the whole sequence for those few rounds; alone once
+    nothing fills. Its tokens are specdec.generate's."""
+    from specdec.batch import alone as alone_module
+
+    target, draft = quantized_pair("llama", method)
+    seen = []
+    real = alone_module.waits_in_batch
+    monkeypatch.setattr(alone_module, "waits_in_batch", lambda engine, row: seen.append(real(engine, row)) or seen[-1])
+    configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (60, 90, 6)]  # (row 0 leaves before row 1)
+    prompts = [(PROMPTS[i] * 12)[:90] for i in range(3)]
+    engine = BatchEngine(target, draft, max_batch=2, prefill_chunk=8)
+    engine.gamma_policy = planted_policy(10.0)
+    engine.gamma_policy.packed = engine.target_session.packed
+    rows = [engine.add(prompts[0], configs[0])]
+    engine.step()  # the first row joins the empty batch (its draft fed)
+    rows += [engine.add(p, c) for p, c in zip(prompts[1:], configs[1:])]
+    engine.run()
+    assert [r.output.token_ids for r in rows] == [specdec.generate(target, p, draft=draft, config=c).token_ids
+                                                  for p, c in zip(prompts, configs)]
+    assert not rows[1].fill_draft and True in seen  # row 1 waited in the batch while row 2's prompt went in

@@ -66,6 +66,16 @@ class AlphaEstimate:
             self._positions = self.decay * self._positions + len(betas)
             self.value = self._beta_sum / self._positions
 
+    def age(self, toward: float) -> None:
+        """A step in which this sequence's draft proposed nothing: its evidence ages a step and ``toward`` (a
+        prior: the batch's pooled alpha) gains the weight of one verified position's share, so an estimate
+        left low by a few rejections does not keep a batch from drafting for the rest of a request
+        (:class:`specdec.batch.speculation.BatchGamma`)."""
+        weight = (1 - self.decay) * ADAPTIVE_PRIOR_POSITIONS
+        self._beta_sum = self.decay * self._beta_sum + weight * toward
+        self._positions = self.decay * self._positions + weight
+        self.value = self._beta_sum / self._positions
+
 
 class DecayedTimes(dict):
     """size -> exponentially averaged seconds (a draft of g tokens, a pass over k tokens), and the

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specdec.batch.drafting import CATCH_UP
 from specdec.batch.row import MODEL, BatchRow, ModelRowDrafter, row_context
 from specdec.devices import RoundClock
 from specdec.drafters import hierarchical
@@ -47,6 +48,19 @@ def drafts_lazily(engine: Any, row: BatchRow) -> bool:
     plan = engine.alone_plan
     return (not engine.rows and not engine.waiting and plan is not None and plan.copy_first
             and len(row.prompt_ids) >= hierarchical.LAZY_PROMPT and can_go_alone(engine, row))
+
+
+def waits_in_batch(engine: Any, row: BatchRow) -> bool:
+    """Whether ``row``, the batch's only row while another request's prompt goes in (it joins in a few rounds), stays
+    in the batch for those rounds: where its batch draft was not fed (the batch ran it plain) and catching it up
+    would not pay (:meth:`~specdec.batch.speculation.BatchGamma.feed_pays` at one row). Alone, its draft model would
+    be fed the whole sequence for the few rounds before the batch holds two rows again (about 0.8 s of the 0.5B for
+    a chat request's 400 tokens on 2 cores)."""
+    if engine.filling is None or row.draft != MODEL or engine.draft_session is None:
+        return False
+    gap = len(row.sequence) - engine.draft_session.lengths[engine.rows.index(row)]
+    generated = len(row.sequence) - row.start_len
+    return gap > CATCH_UP and engine.gamma_policy.feed_pays(1, gap, row.limit - generated, generated) is False
 
 
 def go_alone(engine: Any, row: BatchRow) -> bool:
@@ -133,7 +147,9 @@ def rounds_alone(engine: Any) -> list[BatchRow] | None:
     each row alone in turn gave 37 tokens a second against the batch's 49 for plain rows, 39 against 45 drafting
     (docs/serving.md)."""
     rows = engine.rows
-    if len(rows) == 1 and engine.alone and (rows[0].alone or (can_go_alone(engine, rows[0]) and go_alone(engine, rows[0]))):
+    if len(rows) == 1 and engine.alone and (rows[0].alone or (can_go_alone(engine, rows[0])
+                                                              and not waits_in_batch(engine, rows[0])
+                                                              and go_alone(engine, rows[0]))):
         engine.rounds += 1
         done = [row for row in list(rows) if alone_round(row)]
         engine._drop(done)

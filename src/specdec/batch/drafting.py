@@ -28,10 +28,12 @@ CATCH_UP_CHUNK = 256
 
 
 def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vocab_size: int,
-                  device: torch.device, clock: Any = None) -> tuple[list[Draft], float]:
+                  device: torch.device, clock: Any = None, policy: Any = None) -> tuple[list[Draft], float]:
     """The draft model's proposals for the rows with k > 0 (and row.draft == MODEL): one pass per step of
     ``session`` (the engine's draft session, row i in slot i); and the seconds its catch-ups took (timed with
-    ``clock``, a :class:`~specdec.devices.RoundClock`; 0.0 without one): not the draft steps' time."""
+    ``clock``, a :class:`~specdec.devices.RoundClock`; 0.0 without one): not the draft steps' time. A row far
+    behind catches up where the batch's gamma ``policy`` (:class:`~specdec.batch.speculation.BatchGamma`) says
+    that pays (:meth:`~specdec.batch.speculation.BatchGamma.feed_pays`; before it can tell, CATCH_UP_PAYS)."""
     empty = torch.empty(0, dtype=torch.long, device=device)
     drafting = [row.draft == MODEL and k > 0 for row, k in zip(rows, ks)]
     start = clock.mark() if clock is not None else None
@@ -45,12 +47,18 @@ def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vo
         gap = len(row.sequence) - held
         if not drafting[i] or gap <= CATCH_UP:
             continue
-        if row.limit - (len(row.sequence) - row.start_len) < gap * CATCH_UP_PAYS:
+        generated = len(row.sequence) - row.start_len
+        left = row.limit - generated
+        pays = policy.feed_pays(len(rows), gap, left, generated) if policy is not None else None
+        if not pays if pays is not None else left < gap * CATCH_UP_PAYS:
             drafting[i] = False  # too few tokens left to pay for it: the row goes on plain
         else:
             end = min(len(row.sequence) - 1, held + budget)
             if end > held:
+                fed_at = clock.mark() if clock is not None else None
                 session.prefill(i, row.sequence[:end], held)
+                if fed_at is not None and policy is not None:
+                    policy.observe_feed(end - held, clock.seconds(fed_at, clock.mark()))
                 budget -= end - held
                 caught = True
             drafting[i] = len(row.sequence) - end <= CATCH_UP

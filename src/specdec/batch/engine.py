@@ -52,7 +52,8 @@ from specdec.batch.alone import release, rounds_alone
 from specdec.batch.gate import DraftGate, gate_round
 from specdec.batch.drafting import alone_draft, batch_drafting, propose_model
 from specdec.batch.prefix import keep_prefix, prefix_cache
-from specdec.batch.speculation import SPECULATION, BatchGamma, calibrate, draft_prefills, report, round_gammas
+from specdec.batch.speculation import (SPECULATION, BatchGamma, calibrate, draft_prefills, report, round_gammas,
+                                       settle_alphas)
 from specdec.batch.prediction import propose_predictions
 from specdec.batch.copying import propose_copies
 from specdec.batch.fill import DEFAULT_CHUNK, chunk_size, drop_fill, fill, filled, follow_leave, start_fill
@@ -182,6 +183,8 @@ class BatchEngine:
         if self.draft_session is not None:
             self.draft_session.move(last, slot)
         row = self.rows[slot]
+        if row.output is not None:  # (finished, not cancelled: how long requests run, for the draft's prefills)
+            self.gamma_policy.finished(len(row.output.token_ids))
         self.rows[slot] = self.rows[last]
         self.rows.pop()
         follow_leave(self)  # (a row filling its prompt in the next free slot moves down with it)
@@ -231,7 +234,8 @@ class BatchEngine:
         t0 = self.clock.mark()
         calls_before = self.draft_session.forward_passes if self.draft_session is not None else 0
         drafting = self.draft_session is not None and any(row.draft == MODEL and k > 0 for row, k in zip(rows, ks))
-        drafts, caught_up = (propose_model(self.draft_session, rows, ks, self.target.vocab_size, device, self.clock)
+        drafts, caught_up = (propose_model(self.draft_session, rows, ks, self.target.vocab_size, device, self.clock,
+                                           self.gamma_policy)
                              if drafting else ([Draft.empty(device) for _ in rows], 0.0))
         for i, row in enumerate(rows):
             if row.draft is not None and row.draft != MODEL and ks[i] > 0:
@@ -308,6 +312,9 @@ class BatchEngine:
                 row.error = err
             if row.error is not None or row.stats.stop_reason:
                 done.append(row)
+        model_drafted = [row.draft == MODEL and len(d) > 0 and i not in copied and i not in predicted
+                         for i, (row, d) in enumerate(zip(rows, drafts))]
+        settle_alphas(self.gamma_policy, rows, model_drafted, [r[2] for r in read])  # (betas)
         for row in done:
             if row.error is None:
                 row.output = finish_output(row)

@@ -36,8 +36,12 @@ def start_fill(engine: Any, row: BatchRow) -> None:
     engine.target_session.lengths[slot] = reused
     # a model-drafted row's draft catches up later where the batch drafts nothing at this size, or where the row goes
     # on alone with a draft that copies first and starts its model only when copies stop paying
-    row.fill_draft = (row.draft == MODEL and engine.draft_prefills(len(engine.rows) + 1)
-                      and not drafts_lazily(engine, row))
+    # (and, joining a batch that holds a row, where feeding its prompt to the draft model costs more than drafting in
+    # the batch is likely to save it; a lone row drafts with the whole served draft, specdec.batch.alone)
+    rows = len(engine.rows) + 1
+    row.fill_draft = (row.draft == MODEL and engine.draft_prefills(rows) and not drafts_lazily(engine, row)
+                      and (rows < 2 or engine.gamma_policy.feed_pays(rows, len(row.sequence) - 1 - reused_draft,
+                                                                     row.limit) is not False))
     if row.draft == MODEL:
         engine.draft_session.lengths[slot] = reused_draft
     row.filled, row.draft_filled = reused, reused_draft
@@ -60,7 +64,9 @@ def fill(engine: Any, budget: int | None) -> int:
     if row.fill_draft:  # the draft holds the prompt but its last token (fed with the first round's drafts)
         draft_end = min(end, len(sequence) - 1)
         if draft_end > row.draft_filled:
+            clock, start = engine.clock, engine.clock.mark()
             engine.draft_session.prefill(slot, sequence[:draft_end], row.draft_filled)
+            engine.gamma_policy.observe_feed(draft_end - row.draft_filled, clock.seconds(start, clock.mark()))
             row.draft_filled = draft_end
     if engine.fills is not None and fed:
         engine.fills.append(fed)

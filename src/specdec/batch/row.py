@@ -110,7 +110,7 @@ def make_row(engine: Any, prompt_ids: Sequence[int], config: GenerationConfig, d
                    start_len=len(prompt_ids), limit=limit, generator=new_generator(device, seed), eos=target.eos_token_ids,
                    stats=GenerationStats(prompt_tokens=len(prompt_ids), seed=seed), on_tokens=on_tokens,
                    on_round=on_round, t_start=Stopwatch(device)(),
-                   alpha=AlphaEstimate(engine.gamma_policy.alpha0, engine.gamma_policy.decay))
+                   alpha=AlphaEstimate(engine.gamma_policy.pooled.value, engine.gamma_policy.decay))
     if config.stop:
         row.stop_scan = StopScan(target.decode, config.stop, target.piece_bytes)
     if config.constraint is not None:

@@ -5,7 +5,10 @@ costs much more than one over B tokens once reading the weights no longer bounds
 more than a lone row's. So with ``speculation="measured"`` (the default) each model-drafted row of a batch of two rows
 or more drafts at most the batch's gamma (:class:`BatchGamma`), from the pass times per tokens fed and the draft step
 per batch size it measures (timed at startup by :func:`calibrate`, then from every round), and a joining row's draft
-is fed its prompt only where the batch drafts at the size it is about to have (:func:`draft_prefills`). A lone row
+is fed its prompt only where the batch drafts at the size it is about to have (:func:`draft_prefills`) and where
+drafting is likely to save more than the feeding costs over the tokens the row will generate
+(:meth:`BatchGamma.feed_pays`; a row whose draft was not fed runs plain, :func:`draft_ready`); a row's alpha starts
+from the batch's pooled one and ages toward it while its draft proposes nothing (:func:`settle_alphas`). A lone row
 runs through the one-sequence engine (:mod:`specdec.batch.alone`) and drafts as :func:`specdec.generate` would.
 docs/serving.md ("Speculation that follows the load") has the measurements behind each rule.
 """
@@ -17,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.analysis import expected_tokens
+from specdec.batch.drafting import CATCH_UP
 from specdec.batch.row import MODEL
 from specdec.models.sessions.batch_session import BatchSession
 from specdec.schedules import (ADAPTIVE_ALPHA0, ADAPTIVE_DECAY, ADAPTIVE_PROBE_EVERY, AlphaEstimate, DecayedTimes,
@@ -38,6 +42,14 @@ SPECULATION = {
 #: model leaves out (the draft's catch-ups after plain rounds, each drafting row's sampling and verification)
 #: measured through specdec serve at 8 clients, where a predicted gain of a few percent was a loss
 BATCH_MARGIN = 0.1
+#: Weight of the past in the batch's pooled alpha (every model-drafted row's betas) and in its mean output length:
+#: slower than a row's own (ADAPTIVE_DECAY), it is the prior of rows that join and of rows whose draft sat idle
+POOLED_DECAY = 0.97
+#: Feeding a row's draft what it lacks must save this many times its cost (BatchGamma.feed_pays): the expected saving
+#: comes from Theorem 8 at the pooled alpha, which at 2 rows on chat (the CPU default pair, 2 cores) predicted a
+#: drafting round 1.30x a plain one where the rounds measured 1.14x (acceptance comes in runs, and each drafting row
+#: adds its sampling and verification)
+FEED_MARGIN = 2.0
 
 
 class BatchGamma:
@@ -72,6 +84,9 @@ class BatchGamma:
         self.probe_every = probe_every
         self._since_plain: dict[int, int] = {}  # rows -> rounds since a plain pass of that many rows was timed
         self._drafted_before: bool | None = None  # did the previous round draft? (None: no round yet)
+        self.pooled = AlphaEstimate(alpha0, POOLED_DECAY)  # every model-drafted row's betas: a joining row's prior
+        self._outputs = (0.0, 0.0)  # decayed sum of the tokens finished requests generated, and their decayed count
+        self.feed_seconds: float | None = None  # decayed seconds the draft model takes per prompt token it is fed
 
     def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float,
                 tokens: int | None = None) -> None:
@@ -86,6 +101,45 @@ class BatchGamma:
         if drafted > 0 and time_draft > 0 and self._drafted_before:
             self.draft_time.observe(rows, time_draft / drafted)
         self._drafted_before = drafted > 0
+
+    def finished(self, tokens: int) -> None:
+        """A request finished after generating ``tokens`` tokens (how long the next ones are likely to run)."""
+        total, count = self._outputs
+        self._outputs = (POOLED_DECAY * total + tokens, POOLED_DECAY * count + 1)
+
+    @property
+    def output_tokens(self) -> float | None:
+        """The decayed mean of the tokens finished requests generated; None before one finished."""
+        total, count = self._outputs
+        return total / count if count else None
+
+    def observe_feed(self, tokens: int, seconds: float) -> None:
+        """The draft model was fed ``tokens`` prompt tokens (a joining row's prefill, a catch-up) in ``seconds``."""
+        if tokens > 0 and seconds > 0:
+            per = seconds / tokens
+            last = self.feed_seconds
+            self.feed_seconds = per if last is None else self.decay * last + (1 - self.decay) * per
+
+    def feed_pays(self, rows: int, feed: int, left: int, generated: int = 0) -> bool | None:
+        """Whether feeding a row's draft ``feed`` tokens it lacks (its prompt as it joins a batch of ``rows``
+        rows, a catch-up) pays for itself: the time drafting saves over the tokens the row is likely still to
+        generate, ``n (1 / r_0 - 1 / r_gamma)`` with r the batch's expected tokens a second plain and at its best
+        gamma for rows of the pooled alpha, against ``feed`` times the measured seconds a fed token costs. n is
+        ``left`` at most; where requests have finished, what a request of their mean length m has left after the
+        ``generated`` tokens of this one, at least m / 4. On 2 cores the 0.5B is fed a prompt at a third of the
+        1.5B's prefill time, and at 2 rows drafting saves about 7 ms a token: a chat answer of 70 tokens does not
+        pay for a 340-token prompt. It must save FEED_MARGIN times the cost. None before a feed and the batch's costs
+        have been timed (the caller's rule applies)."""
+        if self.feed_seconds is None or len(self.target_time) < 2 or not self.draft_time:
+            return None
+        alphas = [self.pooled.value] * rows
+        best = self._best(alphas, rows, self.max_gamma)
+        if best == 0:
+            return False
+        r0, rg = self.expected_rate(alphas, rows, 0), self.expected_rate(alphas, rows, best)
+        mean = self.output_tokens
+        n = left if mean is None else min(left, max(mean - generated, mean / 4))
+        return n * (1 / r0 - 1 / rg) >= FEED_MARGIN * feed * self.feed_seconds
 
     def expected_rate(self, alphas: Sequence[float], rows: int, gamma: int) -> float | None:
         """Theorem 8 for the batch: expected tokens a second of ``rows`` rows (those with ``alphas`` drafting
@@ -153,7 +207,7 @@ class RowAlpha:
 
     def __init__(self, policy: BatchGamma):
         self.policy = policy
-        self._alpha = AlphaEstimate(policy.alpha0, policy.decay)
+        self._alpha = AlphaEstimate(policy.pooled.value, policy.decay)
 
     @property
     def alpha(self) -> float:
@@ -166,6 +220,24 @@ class RowAlpha:
         return {**self.policy.report(), "alpha": self.alpha}
 
 
+def settle_alphas(policy: BatchGamma, rows: Sequence[Any], drafted: Sequence[bool], betas: Sequence[list]) -> None:
+    """After a batched round: each model-drafted row's betas (``drafted``: its draft model proposed this round) go
+    to the batch's pooled alpha; a model-drafted row that proposed nothing (plain, copying, its prediction) has its
+    alpha estimates aged toward the pooled one (:meth:`AlphaEstimate.age`). Its own estimate can only move while
+    it drafts, and the batch stops drafting on rows whose estimate a few rejections left low: measured at 2 rows
+    on chat (the CPU default pair), one row's 0.38 kept a batch plain for the rest of the request where drafting
+    rounds gave 1.2x plain's."""
+    for row, proposed, row_betas in zip(rows, drafted, betas):
+        if row.draft != MODEL:
+            continue
+        if proposed:
+            policy.pooled.observe(row_betas)
+            continue
+        row.alpha.age(policy.pooled.value)
+        if isinstance(row.schedule, RowAlpha):
+            row.schedule._alpha.age(policy.pooled.value)
+
+
 def round_gammas(engine: Any) -> list[int]:
     """Each row of ``engine``'s k this round: its schedule's, capped by the batch's gamma for the model-drafted rows
     (``speculation="measured"``); an adaptive row drafts the batch's gamma."""
@@ -173,7 +245,8 @@ def round_gammas(engine: Any) -> list[int]:
     own = [None if row.draft is None or isinstance(row.schedule, RowAlpha) else row.schedule.next_gamma()
            for row in rows]
     measured = engine.speculation == "measured" and engine.draft_session is not None and len(rows) >= 2
-    chosen = [i for i, row in enumerate(rows) if row.draft is not None and (
+    idle = [row.draft == MODEL and not draft_ready(engine, i, row) for i, row in enumerate(rows)]
+    chosen = [i for i, row in enumerate(rows) if row.draft is not None and not idle[i] and (
         isinstance(row.schedule, RowAlpha) or (measured and row.draft == MODEL and own[i] > 0))]
     # requests waiting to join: the batch is about to hold more rows; where it would not draft at that size (or has
     # not decided there yet) it stays plain now rather than catch drafts up for a few rounds
@@ -186,13 +259,26 @@ def round_gammas(engine: Any) -> list[int]:
         shared = engine.gamma_policy.choose(alphas, len(rows), top)
     ks = []
     for i, row in enumerate(rows):
-        if row.draft is None:
+        if row.draft is None or idle[i]:
             ks.append(0)
             continue
         k = shared if own[i] is None else (min(own[i], shared) if i in chosen else own[i])
         generated = len(row.sequence) - row.start_len
         ks.append(max(0, min(k, row.limit - generated - 1)))  # n accepted + 1 target token must fit
     return ks
+
+
+def draft_ready(engine: Any, i: int, row: Any) -> bool:
+    """Whether model-drafted row ``i`` can draft this round: its draft holds its sequence but for a few tokens, or
+    feeding it what it lacks pays (:meth:`BatchGamma.feed_pays`; before that can be told, yes). A row that cannot
+    runs plain and is left out of the batch's gamma (a round whose gamma counted it would expect its drafts)."""
+    if engine.draft_session is None or engine.speculation != "measured":
+        return True
+    gap = len(row.sequence) - engine.draft_session.lengths[i]
+    if gap <= CATCH_UP:
+        return True
+    generated = len(row.sequence) - row.start_len
+    return engine.gamma_policy.feed_pays(len(engine.rows), gap, row.limit - generated, generated) is not False
 
 
 def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3, 5)) -> dict:
@@ -223,7 +309,10 @@ def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3,
         return best
 
     for name, session in (("target", engine.target_session), ("draft", engine.draft_session)):
+        start = engine.clock.mark()
         session.prefill(0, ids)
+        if name == "draft":  # (what a fed prompt token costs the draft: BatchGamma.feed_pays)
+            engine.gamma_policy.observe_feed(len(ids), engine.clock.seconds(start, engine.clock.mark()))
         for slot in range(1, engine.max_batch):
             session.move(0, slot)
         for rows in sizes:
@@ -239,12 +328,16 @@ def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3,
 
 def report(engine: Any) -> dict:
     """How the batch speculates, measured (``specdec serve``'s /health): the mode, the gamma last chosen per
-    batch size, the pass times per tokens fed and the draft step per rows it decides from, the gate's rates."""
+    batch size, the pass times per tokens fed and the draft step per rows it decides from, the pooled alpha, what a
+    token fed to the draft costs and the requests' mean length (whether a row's draft is fed), the gate's rates."""
     policy = engine.gamma_policy
     return {"speculation": engine.speculation, "rounds": engine.rounds,
             "gamma_by_rows": dict(sorted(policy.decided.items())),
             "pass_seconds": {n: round(t, 4) for n, t in sorted(policy.target_time.items())},
             "draft_step_seconds": {b: round(t, 4) for b, t in sorted(policy.draft_time.items())},
+            "pooled_alpha": round(policy.pooled.value, 3),
+            "draft_feed_seconds_per_token": None if policy.feed_seconds is None else round(policy.feed_seconds, 5),
+            "mean_output_tokens": None if policy.output_tokens is None else round(policy.output_tokens, 1),
             **({"gate": engine.gate.report()} if engine.gate is not None else {})}
 
 def draft_prefills(engine: Any, rows: int) -> bool:
