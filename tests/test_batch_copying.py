@@ -32,7 +32,10 @@ def policy(fixed: float, per_token: float) -> BatchGamma:
 
 @pytest.mark.parametrize("alpha, fed, cheap, expected", [
     (0.95, 4, True, 32),  # a reliable copy, a pass bound by reading its weights: the whole stretch
-    (0.95, 4, False, 3),  # its tokens as dear as its fixed part: (3 + E(k)) / (0.05 + 0.01 k) peaks at 3
+    # its tokens as dear as its fixed part: (3 + E(k)) / (0.05 + 0.01 k) peaks at 3 (85.6), under BATCH_MARGIN over
+    # the pass without it (80); fed 2: (1 + E(k)) / (0.03 + 0.01 k) peaks at 4 (78.9), 1.18x the pass without it
+    (0.95, 4, False, 0),
+    (0.95, 2, False, 4),
     (0.6, 8, True, 4),  # (7 + E(k)) / (0.108 + 0.001 k): 83.1 at 4, 83.0 at 5, 82.7 at 3
     (0.6, 8, False, 0),
     (0.2, 8, False, 0),  # unreliable copies do not pay for their tokens
@@ -58,6 +61,26 @@ def batch_run(target, draft, configs, speculation="measured"):
 def pair():
     base = load_tiny(eos=None, hidden=128)
     return quantized_copy(base, "int8"), quantized_copy(perturbed(base, 0.3), "int8")
+
+
+def test_each_copy_is_weighed_against_the_pass_the_copies_before_it_widened():
+    """Two rows of a batch whose passes cost 0.01 + 0.01 s a token both find a copy (acceptance 0.95): the first
+    copies 4 tokens (a pass of 2 tokens without it); the second, weighed against the pass of 6 the first made, copies
+    nothing, where alone it would have copied 4 too (each row once counted the pass without any copy)."""
+    from types import SimpleNamespace
+
+    from specdec.schedules import AlphaEstimate
+
+    gamma = policy(0.01, 0.01)
+    gamma.packed = True
+    engine = SimpleNamespace(speculation="measured", gamma_policy=gamma)
+    looping = [1] + [10 + i % 5 for i in range(20)]
+    rows = [SimpleNamespace(draft=MODEL, sequence=looping, start_len=len(looping), limit=64,
+                            copy_alpha=AlphaEstimate(0.95), alpha=AlphaEstimate(0.8), target=SimpleNamespace(device="cpu"))
+            for _ in range(2)]
+    assert copying.copy_reach(gamma, 0.95, 2, 32) == 4  # each alone
+    ks, copies = copying.propose_copies(engine, rows, [0, 0], {})
+    assert list(copies) == [0] and len(copies[0].tokens) == 4 and ks == [0, 0]
 
 
 def test_copying_rows_equal_their_generation_alone(pair, monkeypatch):
