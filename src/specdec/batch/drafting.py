@@ -50,7 +50,9 @@ def propose_model(session: BatchSession, rows: list[BatchRow], ks: list[int], vo
         generated = len(row.sequence) - row.start_len
         left = row.limit - generated
         pays = policy.feed_pays(len(rows), gap, left, generated) if policy is not None else None
-        if not pays if pays is not None else left < gap * CATCH_UP_PAYS:
+        if pays is None:
+            pays = left >= gap * CATCH_UP_PAYS
+        if not pays:
             drafting[i] = False  # too few tokens left to pay for it: the row goes on plain
         else:
             end = min(len(row.sequence) - 1, held + budget)

@@ -216,6 +216,10 @@ class RowAlpha:
     def update(self, feedback: StepFeedback) -> None:
         self._alpha.observe(feedback.betas)
 
+    def age(self, toward: float) -> None:
+        """A round in which its draft proposed nothing (:func:`settle_alphas`)."""
+        self._alpha.age(toward)
+
     def report(self) -> dict:
         return {**self.policy.report(), "alpha": self.alpha}
 
@@ -235,7 +239,7 @@ def settle_alphas(policy: BatchGamma, rows: Sequence[Any], drafted: Sequence[boo
             continue
         row.alpha.age(policy.pooled.value)
         if isinstance(row.schedule, RowAlpha):
-            row.schedule._alpha.age(policy.pooled.value)
+            row.schedule.age(policy.pooled.value)
 
 
 def round_gammas(engine: Any) -> list[int]:
