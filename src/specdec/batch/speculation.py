@@ -7,7 +7,7 @@ or more drafts at most the batch's gamma (:class:`BatchGamma`), from the pass ti
 per batch size it measures (timed at startup by :func:`calibrate`, then from every round), and a joining row's draft
 is fed its prompt only where the batch drafts at the size it is about to have (:func:`draft_prefills`) and where
 drafting is likely to save more than the feeding costs over the tokens the row will generate
-(:meth:`BatchGamma.feed_pays`; a row whose draft was not fed runs plain, :func:`draft_ready`); a row's alpha starts
+(:meth:`BatchGamma.feed_pays`; a row whose draft was not fed runs plain, :func:`idle_rows`); a row's alpha starts
 from the batch's pooled one and ages toward it while its draft proposes nothing (:func:`settle_alphas`). A lone row
 runs through the one-sequence engine (:mod:`specdec.batch.alone`) and drafts as :func:`specdec.generate` would.
 docs/serving.md ("Speculation that follows the load") has the measurements behind each rule.
@@ -120,26 +120,37 @@ class BatchGamma:
             last = self.feed_seconds
             self.feed_seconds = per if last is None else self.decay * last + (1 - self.decay) * per
 
-    def feed_pays(self, rows: int, feed: int, left: int, generated: int = 0) -> bool | None:
-        """Whether feeding a row's draft ``feed`` tokens it lacks (its prompt as it joins a batch of ``rows``
-        rows, a catch-up) pays for itself: the time drafting saves over the tokens the row is likely still to
-        generate, ``n (1 / r_0 - 1 / r_gamma)`` with r the batch's expected tokens a second plain and at its best
-        gamma for rows of the pooled alpha, against ``feed`` times the measured seconds a fed token costs. n is
-        ``left`` at most; where requests have finished, what a request of their mean length m has left after the
-        ``generated`` tokens of this one, at least m / 4. On 2 cores the 0.5B is fed a prompt at a third of the
-        1.5B's prefill time, and at 2 rows drafting saves about 7 ms a token: a chat answer of 70 tokens does not
-        pay for a 340-token prompt. It must save FEED_MARGIN times the cost. None before a feed and the batch's costs
-        have been timed (the caller's rule applies)."""
+    def feed_saving(self, rows: int) -> float | None:
+        """Seconds a generated token costs less where ``rows`` rows of the pooled alpha draft at the batch's best
+        gamma than in plain rounds, ``1 / r_0 - 1 / r_gamma`` (Theorem 8 over the measured costs; 0.0 where the batch
+        would not draft); None before a feed and the batch's costs have been timed. The same for every row of a
+        round: :func:`idle_rows` reads it once."""
         if self.feed_seconds is None or len(self.target_time) < 2 or not self.draft_time:
             return None
         alphas = [self.pooled.value] * rows
         best = self._best(alphas, rows, self.max_gamma)
         if best == 0:
+            return 0.0
+        return 1 / self.expected_rate(alphas, rows, 0) - 1 / self.expected_rate(alphas, rows, best)
+
+    def feed_pays(self, rows: int, feed: int, left: int, generated: int = 0,
+                  saving: float | None = None) -> bool | None:
+        """Whether feeding a row's draft ``feed`` tokens it lacks (its prompt as it joins a batch of ``rows``
+        rows, a catch-up) pays for itself: the time drafting saves over the tokens the row is likely still to
+        generate, ``n`` times :meth:`feed_saving` (``saving`` where the caller has it), against ``feed`` times the
+        measured seconds a fed token costs. n is ``left`` at most; where requests have finished, what a request of
+        their mean length m has left after the ``generated`` tokens of this one, at least m / 4. On 2 cores the 0.5B
+        is fed a prompt at a third of the 1.5B's prefill time, and at 2 rows drafting saves about 7 ms a token: a
+        chat answer of 70 tokens does not pay for a 340-token prompt. It must save FEED_MARGIN times the cost. None
+        before a feed and the batch's costs have been timed (the caller's rule applies)."""
+        saving = self.feed_saving(rows) if saving is None else saving
+        if saving is None:
+            return None
+        if saving <= 0:
             return False
-        r0, rg = self.expected_rate(alphas, rows, 0), self.expected_rate(alphas, rows, best)
         mean = self.output_tokens
         n = left if mean is None else min(left, max(mean - generated, mean / 4))
-        return n * (1 / r0 - 1 / rg) >= FEED_MARGIN * feed * self.feed_seconds
+        return n * saving >= FEED_MARGIN * feed * self.feed_seconds
 
     def expected_rate(self, alphas: Sequence[float], rows: int, gamma: int) -> float | None:
         """Theorem 8 for the batch: expected tokens a second of ``rows`` rows (those with ``alphas`` drafting
@@ -249,7 +260,7 @@ def round_gammas(engine: Any) -> list[int]:
     own = [None if row.draft is None or isinstance(row.schedule, RowAlpha) else row.schedule.next_gamma()
            for row in rows]
     measured = engine.speculation == "measured" and engine.draft_session is not None and len(rows) >= 2
-    idle = [row.draft == MODEL and not draft_ready(engine, i, row) for i, row in enumerate(rows)]
+    idle = idle_rows(engine)
     chosen = [i for i, row in enumerate(rows) if row.draft is not None and not idle[i] and (
         isinstance(row.schedule, RowAlpha) or (measured and row.draft == MODEL and own[i] > 0))]
     # requests waiting to join: the batch is about to hold more rows; where it would not draft at that size (or has
@@ -272,17 +283,25 @@ def round_gammas(engine: Any) -> list[int]:
     return ks
 
 
-def draft_ready(engine: Any, i: int, row: Any) -> bool:
-    """Whether model-drafted row ``i`` can draft this round: its draft holds its sequence but for a few tokens, or
-    feeding it what it lacks pays (:meth:`BatchGamma.feed_pays`; before that can be told, yes). A row that cannot
-    runs plain and is left out of the batch's gamma (a round whose gamma counted it would expect its drafts)."""
+def idle_rows(engine: Any) -> list[bool]:
+    """For each row of ``engine``: whether it is a model-drafted row that cannot draft this round, its draft far
+    behind its sequence (more than CATCH_UP tokens) and feeding it what it lacks not paying
+    (:meth:`BatchGamma.feed_pays`; before that can be told, it can draft). Such a row runs plain and is left out of the batch's gamma
+    (a round whose gamma counted it would expect its drafts). Only with ``speculation="measured"``."""
+    rows = engine.rows
     if engine.draft_session is None or engine.speculation != "measured":
-        return True
-    gap = len(row.sequence) - engine.draft_session.lengths[i]
-    if gap <= CATCH_UP:
-        return True
-    generated = len(row.sequence) - row.start_len
-    return engine.gamma_policy.feed_pays(len(engine.rows), gap, row.limit - generated, generated) is not False
+        return [False] * len(rows)
+    policy, saving, idle = engine.gamma_policy, None, []
+    for i, row in enumerate(rows):
+        gap = len(row.sequence) - engine.draft_session.lengths[i]
+        if row.draft != MODEL or gap <= CATCH_UP:
+            idle.append(False)
+            continue
+        if saving is None:  # (once a round: the same for every row)
+            saving = policy.feed_saving(len(rows))
+        generated = len(row.sequence) - row.start_len
+        idle.append(policy.feed_pays(len(rows), gap, row.limit - generated, generated, saving) is False)
+    return idle
 
 
 def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3, 5)) -> dict:
