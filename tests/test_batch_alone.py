@@ -107,9 +107,10 @@ def test_a_lone_row_drafts_with_the_whole_hierarchy(method, monkeypatch):
 
 
 @pytest.mark.parametrize("lazy", [True, False])
-def test_a_lone_row_copying_first_leaves_its_prompt_out_of_the_batch_draft(lazy, monkeypatch):
-    """A request alone in the server, copying first on a long prompt: its draft model starts only when copies stop
-    paying, so its prompt is not fed to the batch's draft as it goes in (a short prompt's is); tokens as alone."""
+def test_a_lone_row_leaves_its_prompt_out_of_the_batch_draft(lazy, monkeypatch):
+    """A request alone in the server: its prompt is not fed to the batch's draft as it goes in; its drafter alone feeds
+    its own model when it first drafts (copying first on a long prompt: only once copies stop paying, so an edit that
+    copies may never pay it); tokens as alone."""
     target, draft = quantized_pair("llama", quantizations()[0])
     monkeypatch.setattr(hierarchical, "LAZY_PROMPT", 1 if lazy else 10**6)
     copying = dataclasses.replace(plan_draft([draft, "prompt-lookup"]), copy_first=True)
@@ -120,8 +121,10 @@ def test_a_lone_row_copying_first_leaves_its_prompt_out_of_the_batch_draft(lazy,
     config = GenerationConfig(max_new_tokens=20, gamma=3)
     row = engine.add(PROMPTS[0], config)
     engine.run()
-    assert (fed == []) == lazy and engine.moves["alone"] == 1
+    assert fed == [] and engine.moves["alone"] == 1
     assert row.output.token_ids == specdec.generate(target, PROMPTS[0], config=config).token_ids
+    level = row.output.stats.levels[0]  # the lone row's hierarchy, copying first (its model fed by itself)
+    assert level["level"].startswith("copy+") and (lazy or level["calls"] > 0)
 
 
 def test_a_float_target_and_a_constrained_row_stay_in_the_batch():

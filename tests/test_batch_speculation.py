@@ -204,9 +204,10 @@ def test_a_lone_row_whose_draft_was_not_fed_waits_in_the_batch_while_a_prompt_go
     engine.gamma_policy = planted_policy(10.0)
     engine.gamma_policy.packed = engine.target_session.packed
     rows = [engine.add(prompts[0], configs[0])]
-    engine.step()  # the first row joins the empty batch (its draft fed)
+    engine.step()  # the first row joins the empty batch and goes on alone (its batch draft not fed)
     rows += [engine.add(p, c) for p, c in zip(prompts[1:], configs[1:])]
     engine.run()
     assert [r.output.token_ids for r in rows] == [specdec.generate(target, p, draft=draft, config=c).token_ids
                                                   for p, c in zip(prompts, configs)]
-    assert not rows[1].fill_draft and True in seen  # row 1 waited in the batch while row 2's prompt went in
+    assert not rows[0].fill_draft and not rows[1].fill_draft
+    assert True in seen  # a lone row waited in the batch while the next prompt went in (row 0, then row 1)

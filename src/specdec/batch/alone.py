@@ -41,26 +41,29 @@ def can_go_alone(engine: Any, row: BatchRow) -> bool:
             and row.constraint is None and (row.draft != MODEL or engine.alone_plan is not None))
 
 
-def drafts_lazily(engine: Any, row: BatchRow) -> bool:
-    """Whether ``row``, joining an empty batch with none waiting, goes on alone with a draft that starts its model
-    lazily (:meth:`~specdec.drafters.hierarchical.SpeculativeDrafter.start`: copying first, a long prompt): then its
-    prompt is not fed to the batch's draft model as it goes in (an edit that copies write never pays it)."""
-    plan = engine.alone_plan
-    return (not engine.rows and not engine.waiting and plan is not None and plan.copy_first
-            and len(row.prompt_ids) >= hierarchical.LAZY_PROMPT and can_go_alone(engine, row))
+def feeds_alone(engine: Any, row: BatchRow) -> bool:
+    """Whether ``row``, joining an empty batch with none waiting, goes on alone, so that its prompt is not fed to the
+    batch's draft model as it goes in: the lone row's drafter feeds its own model when it first drafts (copying
+    first, on a long prompt, only once copies stop paying: an edit that copies may never pay it), and where a batch
+    forms before that (a server's clients arriving together: the next prompt goes in while this row waits in the
+    batch, :func:`waits_in_batch`) the feed is paid only where the batch drafts."""
+    return not engine.rows and not engine.waiting and can_go_alone(engine, row)
 
 
 def waits_in_batch(engine: Any, row: BatchRow) -> bool:
     """Whether ``row``, the batch's only row while another request's prompt goes in (it joins in a few rounds), stays
     in the batch for those rounds: where its batch draft was not fed (the batch ran it plain) and catching it up
-    would not pay (:meth:`~specdec.batch.speculation.BatchGamma.feed_pays` at one row). Alone, its draft model would
-    be fed the whole sequence for the few rounds before the batch holds two rows again (about 0.8 s of the 0.5B for
-    a chat request's 400 tokens on 2 cores)."""
+    would not pay (:meth:`~specdec.batch.speculation.BatchGamma.feed_pays` at the rows the batch holds once the
+    waiting requests joined: the row runs among them for the rest of its tokens). Alone, its draft model would be fed
+    the whole sequence for the few rounds before the batch holds two rows again (about 0.8 s of the 0.5B for a chat
+    request's 400 tokens on 2 cores; a server's first request while seven more go in: its prompt, for nothing where
+    the batch of eight drafts nothing)."""
     if engine.filling is None or row.draft != MODEL or engine.draft_session is None:
         return False
     gap = len(row.sequence) - engine.draft_session.lengths[engine.rows.index(row)]
     generated = len(row.sequence) - row.start_len
-    return gap > CATCH_UP and engine.gamma_policy.feed_pays(1, gap, row.limit - generated, generated) is False
+    return gap > CATCH_UP and engine.gamma_policy.feed_pays(engine.soon(), gap, row.limit - generated,
+                                                            generated) is False
 
 
 def go_alone(engine: Any, row: BatchRow) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.batch.alone import drafts_lazily
+from specdec.batch.alone import feeds_alone
 from specdec.batch.prefix import reuse_keeps_bits, reuse_prefix
 from specdec.batch.row import MODEL, BatchRow
 
@@ -34,12 +34,12 @@ def start_fill(engine: Any, row: BatchRow) -> None:
     row.t_start = Stopwatch(engine.target.device)()
     reused, reused_draft = reuse_prefix(engine, slot, row)
     engine.target_session.lengths[slot] = reused
-    # a model-drafted row's draft catches up later where the batch drafts nothing at this size, or where the row goes
-    # on alone with a draft that copies first and starts its model only when copies stop paying
-    # (and, joining a batch that holds a row, where feeding its prompt to the draft model costs more than drafting in
-    # the batch is likely to save it; a lone row drafts with the whole served draft, specdec.batch.alone)
+    # a model-drafted row's draft catches up later where the batch drafts nothing at this size, where the row goes
+    # on alone (its drafter feeds its model when it first drafts: specdec.batch.alone.feeds_alone), or, joining a
+    # batch that holds a row, where feeding its prompt to the draft model costs more than drafting in the batch is
+    # likely to save it
     rows = len(engine.rows) + 1
-    row.fill_draft = (row.draft == MODEL and engine.draft_prefills(rows) and not drafts_lazily(engine, row)
+    row.fill_draft = (row.draft == MODEL and engine.draft_prefills(rows) and not feeds_alone(engine, row)
                       and (rows < 2 or engine.gamma_policy.feed_pays(rows, len(row.sequence) - 1 - reused_draft,
                                                                      row.limit) is not False))
     if row.draft == MODEL:
