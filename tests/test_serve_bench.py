@@ -110,3 +110,21 @@ def test_verdicts_take_the_best_llama_server_row(sb):
     assert one["vs_plain"] == pytest.approx(1.6) and one["openvino_tokens_per_s"] == 9.0 and one["meets_bar"]
     assert eight["vs_peer"] == pytest.approx(1.5) and not eight["meets_bar"]  # ahead of llama-server, behind plain
     json.dumps([one, eight])
+
+
+def test_verdicts_compare_the_means_of_repeated_runs(sb):
+    """--repeat: specdec and its plain batching ran twice each; the verdict compares their means and lists each run's
+    ratio; the identical texts add up over the runs."""
+    def row(server, run, tps, **kw):
+        return {"server": server, "workload": "completion", "clients": 8, "output_tokens_per_s": tps, "requests": 8,
+                "run": run, "latency_p50_s": 20.0, "latency_p95_s": 25.0, **kw}
+
+    rows = [row("specdec", 0, 33.0, identical=8), row("specdec plain", 0, 30.0, identical=8),
+            row("specdec", 1, 35.0, identical=8), row("specdec plain", 1, 36.0, identical=8),
+            row("llama-server plain", 0, 20.0)]
+    (v,) = sb.verdicts(rows)
+    assert v["specdec"] == pytest.approx(34.0) and v["plain"] == pytest.approx(33.0)
+    assert v["vs_plain"] == pytest.approx(34.0 / 33.0) and v["vs_plain_runs"] == pytest.approx([1.1, 35.0 / 36.0])
+    assert v["identical"] == "16/16" and v["vs_peer"] == pytest.approx(1.7) and v["meets_bar"]
+    assert "| 1.03x (runs 0.97-1.10x) |" in sb.tables({"cpu": "c", "date": "d", "specdec_commit": "x", "llama_cpp_python": "y",
+                                              "rows": rows, "verdicts": [v]})
