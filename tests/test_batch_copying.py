@@ -46,6 +46,21 @@ def test_the_copy_length_is_theorem_8_with_a_free_draft(alpha, fed, cheap, expec
     assert copying.copy_reach(BatchGamma(4, 8), alpha, fed, 32) == 0  # nothing measured yet: no copy
 
 
+def test_a_copy_is_priced_on_pass_times_made_monotone():
+    """The pass times a server measured at 7-8 rows of completions (AMX Xeon, 2 cores), where neighbouring sizes
+    disagree by the machine's noise (12 tokens 0.112 s after 11 tokens 0.129 s): read raw, a 5-token copy at 0.9
+    seemed to give 1.11x the pass without it at 7 rows (past BATCH_MARGIN); on the times made non-decreasing it
+    gives 1.05x, and no copy is proposed. The times read are non-decreasing in the tokens."""
+    gamma = BatchGamma(4, 8)
+    gamma.target_time.update({1: .0552, 2: .0562, 3: .0617, 4: .0647, 5: .0664, 6: .0789, 7: .0813, 8: .0892,
+                              9: .1106, 10: .1022, 11: .1286, 12: .1117, 13: .1454, 16: .1321, 20: .1789,
+                              24: .1733, 40: .3345})
+    read = [gamma.target_time.at(n) for n in range(1, 48)]
+    assert read == sorted(read) and read[11] == pytest.approx((.1286 + .1117) / 2)  # 11 and 12 pooled
+    assert copying.copy_reach(gamma, 0.9, 7, 16) == 0
+    assert copying.copy_reach(gamma, 0.9, 4, 16) == 4  # (where it pays: 1.29x at 4 rows)
+
+
 def batch_run(target, draft, configs, speculation="measured"):
     """The rows of PROMPTS in a batch of 4; with measured speculation the batch drafts gamma 3 every round (its
     choice, like copy_reach's, reads measured times: fixed here so that what copies is not timing-bound)."""
