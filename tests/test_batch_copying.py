@@ -84,14 +84,20 @@ def test_each_copy_is_weighed_against_the_pass_the_copies_before_it_widened():
     nothing, where alone it would have copied 4 too (each row once counted the pass without any copy)."""
     from types import SimpleNamespace
 
+    from specdec.drafters.copying import CopyAcceptance
     from specdec.schedules import AlphaEstimate
 
     gamma = policy(0.01, 0.01)
     gamma.packed = True
     engine = SimpleNamespace(speculation="measured", gamma_policy=gamma)
     looping = [1] + [10 + i % 5 for i in range(20)]
+    def reliable() -> CopyAcceptance:
+        acceptance = CopyAcceptance()
+        acceptance.first, acceptance.later = AlphaEstimate(0.95), AlphaEstimate(0.95)
+        return acceptance
+
     rows = [SimpleNamespace(draft=MODEL, sequence=looping, start_len=len(looping), limit=64,
-                            copy_alpha=AlphaEstimate(0.95), alpha=AlphaEstimate(0.8), target=SimpleNamespace(device="cpu"))
+                            copying=reliable(), alpha=AlphaEstimate(0.8), target=SimpleNamespace(device="cpu"))
             for _ in range(2)]
     assert copying.copy_reach(gamma, 0.95, 2, 32) == 4  # each alone
     ks, copies = copying.propose_copies(engine, rows, [0, 0], {})
@@ -111,7 +117,7 @@ def test_copying_rows_equal_their_generation_alone(pair, monkeypatch):
         return ks, copies
 
     monkeypatch.setattr("specdec.batch.engine.propose_copies", counting)
-    monkeypatch.setattr(copying, "copy_reach", lambda policy, alpha, fed, top: min(top, 6))  # (not timing-bound)
+    monkeypatch.setattr(copying, "copy_reach", lambda policy, alpha, fed, top, first=None: min(top, 6))  # (not timing-bound)
     configs = [GenerationConfig(max_new_tokens=40, gamma=3)] * len(PROMPTS)
     outs = batch_run(target, draft, configs)
     alone = [specdec.generate(target, p, draft=draft, config=c) for p, c in zip(PROMPTS, configs)]
@@ -154,7 +160,7 @@ def copied_counts(target, draft) -> tuple[torch.Tensor, int]:
                         draft=MODEL) for seed in range(N)]
     with pytest.MonkeyPatch.context() as mp:  # every row copies where its context repeats (not timing-bound)
         mp.setattr("specdec.batch.engine.propose_copies", counting)
-        mp.setattr(copying, "copy_reach", lambda policy, alpha, fed, top: min(top, 4))
+        mp.setattr(copying, "copy_reach", lambda policy, alpha, fed, top, first=None: min(top, 4))
         mp.setattr(engine_.gamma_policy, "choose", lambda alphas, rows=None, max_gamma=None: 0)
         engine_.run()
     counts = torch.zeros(V * V)
@@ -195,3 +201,31 @@ def test_a_copy_taken_without_the_targets_test_is_caught(small_pair, monkeypatch
     target, draft = small_pair
     counts, _ = copied_counts(target, draft)
     assert chi_square_pvalue(counts.numpy(), copy_law(target).numpy()) < 1e-3
+
+
+def test_a_batch_rows_copy_passed_over_still_teaches_its_acceptance():
+    """As for one sequence (tests/test_copy_first.py): a row's copy found but not proposed (passes too dear here) is
+    checked against what the row's round wrote: the copy held, so its first token's and later tokens' acceptance
+    rise; a copy whose first token the round did not write lowers the first token's only."""
+    from types import SimpleNamespace
+
+    from specdec.drafters.copying import ALPHA0, COPY_ALPHA0
+    from specdec.schedules import AlphaEstimate
+
+    gamma = policy(0.01, 0.01)
+    gamma.packed = True
+    engine = SimpleNamespace(speculation="measured", gamma_policy=gamma)
+    looping = [1] + [10 + i % 5 for i in range(20)]  # ends 12, 13, 14: a copy proposes 10, 11, 12, 13, 14, 10, ...
+    rows = [SimpleNamespace(draft=MODEL, sequence=list(looping), start_len=len(looping), limit=64, copying=None,
+                            alpha=AlphaEstimate(0.8), target=SimpleNamespace(device="cpu")) for _ in range(2)]
+    ks, copies = copying.propose_copies(engine, rows, [0, 0], {})
+    assert copies == {} and rows[0].copying is not None  # (at 0.5 no copy pays for its tokens here)
+    rows[0].sequence += [10]  # the plain round wrote what the copy held
+    rows[1].sequence += [99]  # ... and here what it did not
+    copying.propose_copies(engine, rows, [0, 0], {})
+    held, missed = rows[0].copying, rows[1].copying
+    assert held.first.value > ALPHA0 and held.later.value == COPY_ALPHA0  # (one token written: its first checked)
+    assert missed.first.value < ALPHA0 and missed.later.value == COPY_ALPHA0
+    rows[0].sequence += [11, 12, 13, 14]  # four rounds later: the copy found after [..., 10] held all four
+    copying.propose_copies(engine, rows, [0, 0], {})
+    assert held.later.value > COPY_ALPHA0

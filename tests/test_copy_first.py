@@ -78,10 +78,10 @@ def exact_joint(target, prompt, sampling):
 def test_sampled_tokens_follow_the_targets_distribution(monkeypatch):
     """T = 1: the first two tokens' joint law over 1,500 seeded runs, the first round a copy (the copies' acceptance
     before any was verified set high, so that it is chosen), against the target's exact joint (chi-square)."""
-    from specdec.drafters import hierarchical
+    from specdec.drafters import copying as copy_rules
 
-    monkeypatch.setattr(hierarchical, "ALPHA0", 0.99)
-    monkeypatch.setattr(hierarchical, "COPY_ALPHA0", 0.99)
+    monkeypatch.setattr(copy_rules, "ALPHA0", 0.99)
+    monkeypatch.setattr(copy_rules, "COPY_ALPHA0", 0.99)
     target = load_tiny(vocab=V, eos=None, sharp=2.0)
     draft = copying([perturbed(target, 0.7, seed=3), "prompt-lookup"])
     counts, copies = torch.zeros(V * V), 0
@@ -130,10 +130,10 @@ def test_a_copy_passed_over_still_teaches_its_acceptance(target):
     drafter.model_alpha.value = 0.999999  # a model round always wins: the copy is passed over
     drafter.draft_times.observe(3, 1e-9)
     drafter.passes.observe(4, 1.0)
-    first, later = drafter.copy_first_token.value, drafter.copy_alpha.value
+    first, later = drafter.copying.first.value, drafter.copying.later.value
     assert drafter.reach(REPEATING, 3) == 3 and drafter._copy is None
     drafter.reach(REPEATING + [2, 4, 1, 3], 3)  # the round wrote what the copy held: both acceptances up
-    assert drafter.copy_first_token.value > first and drafter.copy_alpha.value > later
-    first, later = drafter.copy_first_token.value, drafter.copy_alpha.value
+    assert drafter.copying.first.value > first and drafter.copying.later.value > later
+    first, later = drafter.copying.first.value, drafter.copying.later.value
     drafter.reach(REPEATING + [2, 4, 1, 3] + [6, 6], 3)  # what followed [4, 1, 3] was 5, not 6: its first token's down
-    assert drafter.copy_first_token.value < first and drafter.copy_alpha.value == later
+    assert drafter.copying.first.value < first and drafter.copying.later.value == later

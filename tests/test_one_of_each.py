@@ -92,7 +92,7 @@ def test_one_run_state_for_a_generation_and_a_batch_row():
     assert {f.name for f in dataclasses.fields(BatchRow)} - shared == {"draft", "proposed", "output", "error",
                                                                         "cancelled", "finish", "parked", "prediction",
                                                                         "filled", "draft_filled", "fill_draft", "alpha",
-                                                                        "copy_alpha"}
+                                                                        "copying"}
 
 
 def test_a_batch_row_and_a_generation_estimate_alpha_alike():

@@ -278,9 +278,7 @@ class BatchEngine:
             refused = row.constraint is not None and row.constraint.settle(0, new) < len(new)
             new = new[:n] if refused else new  # the grammar was complete and allowed nothing, not even EOS
             self.target_session.rollback(i, len(row.sequence) + n)  # the sequence + accepted drafts
-            if i in copied:
-                row.copy_alpha.observe(betas)
-            elif row.draft == MODEL:
+            if row.draft == MODEL and i not in copied:  # (a copy's acceptance is read off what rounds wrote)
                 row.alpha.observe(betas)  # (the batch's gamma reads it)
             if row.draft == MODEL and row.proposed is not None:
                 length, k = row.proposed

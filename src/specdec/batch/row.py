@@ -34,7 +34,7 @@ class BatchRow(RunState):
     draft_filled: int = 0
     fill_draft: bool = False  # whether its model draft is fed the prompt as it goes in
     alpha: Any = None  # its model draft's AlphaEstimate (the batch's gamma reads it: specdec.batch.speculation)
-    copy_alpha: Any = None  # its copies' AlphaEstimate, from its first copy (specdec.batch.copying)
+    copying: Any = None  # its copies' CopyAcceptance, from its first copy found (specdec.batch.copying)
 
     @property
     def alone(self) -> bool:

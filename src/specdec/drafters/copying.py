@@ -15,6 +15,10 @@ they give (read as N), T the pass time per tokens fed and alpha the copies' own 
 :class:`~specdec.schedules.AlphaEstimate` from :data:`ALPHA0`), and only where that rate beats the model draft's.
 A copy is verified as any other draft: the output is the target's at every temperature.
 
+:class:`CopyAcceptance` learns alpha from what the rounds wrote, for both users: a copy's first token's acceptance
+and each later one's apart (a copy is uncertain where it starts, then on track), and a copy found but passed over
+checked as well as one proposed, so that copies rejected early do not stop copying for good.
+
 Two users: a hierarchy's top level (``copy+A<-prompt-lookup``, :class:`~specdec.drafters.hierarchical.
 SpeculativeDrafter`: the one-sequence engine, a batch's lone row) and a batch's model-drafted rows
 (:mod:`specdec.batch.copying`).
@@ -25,6 +29,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from specdec.drafters.prompt_lookup import find_continuation
+from specdec.schedules import ADAPTIVE_DECAY, AlphaEstimate
 
 #: The shortest suffix match a copy starts from (a lone repeated token is no evidence of a copied stretch).
 MIN_NGRAM = 3
@@ -83,3 +88,59 @@ def best_copy(alpha: float, top: int, seconds: Callable[[int], float | None], fe
 
     k = max(range(max(top, 0) + 1), key=rate)
     return k, rate(k)
+
+
+class CopyAcceptance:
+    """How far copies hold, learnt from what the rounds wrote: ``first``, the chance a copy's first token is accepted
+    (from :data:`ALPHA0`), and ``later``, each later token's (from :data:`COPY_ALPHA0`), both
+    :class:`~specdec.schedules.AlphaEstimate`. Each round the copy found (:meth:`remember`), proposed or passed over,
+    is checked against the tokens written after it (:meth:`check`, before the next decision): a one-hot draft's token
+    is accepted with probability p(x), the chance the target's token is x, so this reads the same acceptance at every
+    temperature, and a copy that would have held teaches it as much as one proposed.
+
+    >>> acc = CopyAcceptance()
+    >>> acc.remember(3, [7, 8, 9, 5])
+    >>> acc.check([1, 2, 3, 7, 8, 4])   # its first two held, the third did not
+    >>> round(acc.first.value, 3) > ALPHA0, acc.later.value < COPY_ALPHA0
+    (True, True)
+    """
+
+    def __init__(self, decay: float = ADAPTIVE_DECAY):
+        self.first = AlphaEstimate(ALPHA0, decay)
+        self.later = AlphaEstimate(COPY_ALPHA0, decay)
+        self._found: tuple[int, list[int]] | None = None  # (sequence length, tokens) of the last copy found
+
+    def tokens(self, k: int) -> float:
+        """Expected tokens of a round that verifies a copy of k tokens (:func:`copy_tokens`)."""
+        return copy_tokens(self.first.value, self.later.value, k)
+
+    def best(self, top: int, seconds: Callable[[int], float | None], fed: int = 1) -> tuple[int, float]:
+        """:func:`best_copy` at these acceptances."""
+        return best_copy(self.later.value, top, seconds, fed, first=self.first.value)
+
+    def remember(self, length: int, copy: list[int]) -> None:
+        """The copy found where the sequence was ``length`` tokens long (checked by the next :meth:`check`)."""
+        self._found = (length, copy)
+
+    def check(self, sequence: Sequence[int]) -> None:
+        """The copy remembered against what the sequence holds past it now (the target's own token last: past a
+        proposed copy it checks the copy's next token, so that a short copy still learns how long copies hold)."""
+        if self._found is None:
+            return
+        length, copy = self._found
+        self._found = None
+        written = list(sequence[length:])
+        seen = min(len(written), len(copy))
+        agreed = 0
+        while agreed < seen and written[agreed] == copy[agreed]:
+            agreed += 1
+        self.observe(agreed, seen)
+
+    def observe(self, accepted: int, proposed: int) -> None:
+        """A copy of ``proposed`` tokens had its first ``accepted`` accepted: its first token's acceptance, then the
+        later tokens' (one beta each up to the first rejection)."""
+        if proposed <= 0:
+            return
+        self.first.observe([float(accepted > 0)])
+        if accepted > 0:
+            self.later.observe([1.0] * (accepted - 1) + ([0.0] if accepted < proposed else []))

@@ -27,7 +27,7 @@ from specdec.analysis import expected_tokens
 from specdec.devices import RoundClock
 from specdec.drafters.base import (Draft, DraftContext, Drafter, DrafterBase, DrafterStats, StepWidths,
                                   merge_widths)
-from specdec.drafters.copying import ALPHA0, COPY_ALPHA0, MAX_COPY, best_copy, find_copy
+from specdec.drafters.copying import MAX_COPY, CopyAcceptance, find_copy
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.spec import COPY_FIRST
 from specdec.models import LanguageModel
@@ -73,15 +73,14 @@ class SpeculativeDrafter(ModelDrafter):
         self._start_copying()
 
     def _start_copying(self) -> None:
-        # the copies' acceptance, their first token's and each later one's (:func:`copy_tokens`), and the model rounds'
-        self.copy_first_token = AlphaEstimate(ALPHA0)
-        self.copy_alpha = AlphaEstimate(COPY_ALPHA0)
+        # the copies' acceptance, their first token's and each later one's (:class:`CopyAcceptance`), and the model
+        # rounds'
+        self.copying = CopyAcceptance()
         self.model_alpha = AlphaEstimate(MODEL_ALPHA0)
         self.passes = DecayedTimes()  # tokens a verification pass fed -> seconds (this generation's own)
         self.draft_times = DecayedTimes()  # tokens a model round drafted -> seconds
         self._passes_seen = 0
         self._copy: tuple[int, list[int]] | None = None  # (sequence length, tokens) reach chose to copy
-        self._shadow: tuple[int, list[int]] | None = None  # (sequence length, tokens) of a copy reach passed over
         self._copying: int | None = None  # tokens this round copied (None: a model round, or none yet)
         self._drafted: int | None = None  # tokens this round's model drafted
         self.copies = self.copied = self.copies_accepted = 0  # copy rounds, tokens proposed and accepted
@@ -152,15 +151,15 @@ class SpeculativeDrafter(ModelDrafter):
         ctx = getattr(self, "context", None)
         if not self.copy_first or gamma <= 0 or ctx is None or ctx.constraint is not None:
             return gamma
-        self._check_shadow(sequence)
+        self.copying.check(sequence)  # (how far last round's copy, proposed or passed over, held)
         context = [*ctx.source_ids, *sequence] if ctx.source_ids else sequence
         found = find_copy(context, MAX_COPY)
         if not found:
             return gamma
-        k, rate = best_copy(self.copy_alpha.value, len(found), self._pass_seconds, first=self.copy_first_token.value)
+        k, rate = self.copying.best(len(found), self._pass_seconds)
         alpha = min(self.model_alpha.value, 1 - 1e-6)
         model_rate = expected_tokens(alpha, gamma) / (self._pass_seconds(gamma + 1) + self._draft_seconds(gamma))
-        self._shadow = (len(sequence), found)  # (what the round writes tells how far the copy held: _check_shadow)
+        self.copying.remember(len(sequence), found)
         if k <= 0 or rate <= model_rate * (1 + COPY_MARGIN):
             return gamma
         self._copy = (len(sequence), found[:k])
@@ -175,32 +174,6 @@ class SpeculativeDrafter(ModelDrafter):
             self.session, prompt = self.model.start(self.context.prompt_ids, self.context.max_positions)
             self.session.prefill(prompt[:-1])
             self.level.time_total += time.perf_counter() - t0
-
-    def _check_shadow(self, sequence: Sequence[int]) -> None:
-        """What last round wrote tells how far the copy found then held, proposed or passed over: its tokens against
-        the round's (the target's own token last: past a proposed copy it checks the copy's next token, so that a
-        short copy still learns how long copies hold). A one-hot draft's token is accepted with probability p(x),
-        the chance the target's token is x, so this reads the same acceptance at every temperature."""
-        if self._shadow is None:
-            return
-        length, copy = self._shadow
-        self._shadow = None
-        emitted = list(sequence[length:])
-        if not emitted or len(sequence) < length:
-            return
-        agreed, seen = 0, min(len(emitted), len(copy))
-        while agreed < seen and emitted[agreed] == copy[agreed]:
-            agreed += 1
-        self._observe_copy(agreed, seen)
-
-    def _observe_copy(self, accepted: int, proposed: int) -> None:
-        """A copy of ``proposed`` tokens had its first ``accepted`` accepted: its first token's acceptance, then the
-        later tokens' (one beta each up to the first rejection)."""
-        if proposed <= 0:
-            return
-        self.copy_first_token.observe([float(accepted > 0)])
-        if accepted > 0:
-            self.copy_alpha.observe([1.0] * (accepted - 1) + ([0.0] if accepted < proposed else []))
 
     def _propose_copy(self, sequence: Sequence[int], k: int) -> Draft | None:
         """This round's copy (chosen by :meth:`reach` for this very sequence), cut to ``k``; None: a model round."""
