@@ -188,6 +188,25 @@ def test_a_joining_row_whose_draft_feeding_does_not_pay_runs_plain_with_its_toke
 
 
 @pytest.mark.parametrize("method", quantizations())
+def test_requests_arriving_together_feed_their_drafts_only_where_it_pays(method):
+    """Two requests waiting as the batch starts go in at once: the first joins an empty batch but runs beside the
+    second, so its draft's feed is weighed as the second's (where it does not pay, neither is fed; where it is
+    cheap, both). Greedy rows give specdec.generate's tokens either way."""
+    target, draft = quantized_pair("llama", method)
+    configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (24, 20)]
+    prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]
+    alone = [specdec.generate(target, p, draft=draft, config=c).token_ids for p, c in zip(prompts, configs)]
+    for feed, fed in ((10.0, [False, False]), (1e-6, [True, True])):
+        engine = BatchEngine(target, draft, max_batch=2)
+        engine.gamma_policy = planted_policy(feed)
+        engine.gamma_policy.packed = engine.target_session.packed
+        rows = [engine.add(p, c) for p, c in zip(prompts, configs)]
+        engine.run()
+        assert [r.output.token_ids for r in rows] == alone
+        assert [r.fill_draft for r in rows] == fed
+
+
+@pytest.mark.parametrize("method", quantizations())
 def test_a_lone_row_whose_draft_was_not_fed_waits_in_the_batch_while_a_prompt_goes_in(monkeypatch, method):
     """The batch's only row, its draft never fed, stays in the batch while the next request's prompt goes in (chunks
     of 8 tokens) rather than go alone and have its draft fed the whole sequence for those few rounds; alone once

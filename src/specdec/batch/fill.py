@@ -38,7 +38,8 @@ def start_fill(engine: Any, row: BatchRow) -> None:
     # on alone (its drafter feeds its model when it first drafts: specdec.batch.alone.feeds_alone), or, joining a
     # batch that holds a row, where feeding its prompt to the draft model costs more than drafting in the batch is
     # likely to save it
-    rows = len(engine.rows) + 1
+    # (the rows it runs among: those running, itself and those waiting, which join in the next rounds)
+    rows = min(engine.max_batch, len(engine.rows) + 1 + len(engine.waiting))
     row.fill_draft = (row.draft == MODEL and engine.draft_prefills(rows) and not feeds_alone(engine, row)
                       and (rows < 2 or engine.gamma_policy.feed_pays(rows, len(row.sequence) - 1 - reused_draft,
                                                                      row.limit) is not False))
