@@ -151,7 +151,8 @@ def test_a_lone_row_cancelled_gives_its_sessions_back():
     target, draft = quantized_pair("llama", "int8")
     engine = BatchEngine(target, draft, max_batch=2)
     row = engine.add(PROMPTS[1], GenerationConfig(max_new_tokens=30))
-    engine.step()
+    engine.step()  # its prompt goes in
+    engine.step()  # its first round, alone
     drafter = row.drafter
     assert row.alone and drafter.session is not None
     engine.cancel(row, "disconnected")

@@ -207,6 +207,29 @@ def test_requests_arriving_together_feed_their_drafts_only_where_it_pays(method)
 
 
 @pytest.mark.parametrize("method", quantizations())
+def test_a_request_arriving_while_the_first_prompt_goes_in_joins_before_its_first_round(method):
+    """A server's clients sending together: the first request's prompt goes in alone (a step of its own, no round),
+    the second arrives meanwhile and joins before the first row's first round, so the first row never goes alone
+    and its draft model is never fed its prompt where feeding does not pay (planted: 10 s a token). Tokens as
+    specdec.generate's."""
+    target, draft = quantized_pair("llama", method)
+    configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (24, 20)]
+    prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]
+    engine = BatchEngine(target, draft, max_batch=2)
+    engine.gamma_policy = planted_policy(10.0)
+    engine.gamma_policy.packed = engine.target_session.packed
+    rows = [engine.add(prompts[0], configs[0])]
+    engine.step()
+    assert rows[0] in engine.rows and len(rows[0].sequence) == len(prompts[0]) and not rows[0].alone  # no round yet
+    rows.append(engine.add(prompts[1], configs[1]))
+    engine.step()  # the second prompt goes in (one chunk), a round of both
+    assert len(engine.rows) == 2 and engine.moves["alone"] == 0 and not any(r.fill_draft for r in rows)
+    engine.run()
+    assert [r.output.token_ids for r in rows] == [specdec.generate(target, p, draft=draft, config=c).token_ids
+                                                  for p, c in zip(prompts, configs)]
+
+
+@pytest.mark.parametrize("method", quantizations())
 def test_a_lone_row_whose_draft_was_not_fed_waits_in_the_batch_while_a_prompt_goes_in(monkeypatch, method):
     """The batch's only row, its draft never fed, stays in the batch while the next request's prompt goes in (chunks
     of 8 tokens) rather than go alone and have its draft fed the whole sequence for those few rounds; alone once

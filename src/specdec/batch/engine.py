@@ -216,6 +216,7 @@ class BatchEngine:
     def step(self) -> list[BatchRow]:
         """Let waiting requests join, run one round over every row; returns the rows that finished in it
         (their ``output`` set, or their ``error`` when a callback raised or they were cancelled)."""
+        was_empty = not self.rows
         dropped = self._join()
         finished = [row for row in self.rows if row.cancelled]
         for row in finished:
@@ -223,6 +224,11 @@ class BatchEngine:
         self._drop(finished)
         finished = dropped + finished
         if not self.rows:
+            return finished
+        if was_empty and len(self.rows) == 1 and self.alone and self.rows[0].draft == MODEL:
+            # the prompt of a request alone went in at once: requests that arrived meanwhile (a server's clients
+            # sending together) join before its first round decides whether it goes alone (and its draft model is
+            # fed the whole prompt for a batch that may not draft); its round is the next step's
             return finished
         done = rounds_alone(self)  # one row: through the one-sequence engine
         if done is not None:
