@@ -117,7 +117,8 @@ def test_copying_rows_equal_their_generation_alone(pair, monkeypatch):
         return ks, copies
 
     monkeypatch.setattr("specdec.batch.engine.propose_copies", counting)
-    monkeypatch.setattr(copying, "copy_reach", lambda policy, alpha, fed, top, first=None: min(top, 6))  # (not timing-bound)
+    monkeypatch.setattr(copying, "copy_reach",
+                        lambda policy, alpha, fed, top, first=None: min(top, 6))  # (not timing-bound)
     configs = [GenerationConfig(max_new_tokens=40, gamma=3)] * len(PROMPTS)
     outs = batch_run(target, draft, configs)
     alone = [specdec.generate(target, p, draft=draft, config=c) for p, c in zip(PROMPTS, configs)]
@@ -162,6 +163,7 @@ def copied_counts(target, draft) -> tuple[torch.Tensor, int]:
         mp.setattr("specdec.batch.engine.propose_copies", counting)
         mp.setattr(copying, "copy_reach", lambda policy, alpha, fed, top, first=None: min(top, 4))
         mp.setattr(engine_.gamma_policy, "choose", lambda alphas, rows=None, max_gamma=None: 0)
+        mp.setattr(engine_.gamma_policy, "vetoes", lambda rows: False)  # (nor vetoed by the rounds' timing)
         engine_.run()
     counts = torch.zeros(V * V)
     for row in rows:
@@ -229,3 +231,27 @@ def test_a_batch_rows_copy_passed_over_still_teaches_its_acceptance():
     rows[0].sequence += [11, 12, 13, 14]  # four rounds later: the copy found after [..., 10] held all four
     copying.propose_copies(engine, rows, [0, 0], {})
     assert held.later.value > COPY_ALPHA0
+
+
+def test_no_copies_where_drafting_rounds_gave_less_than_plain_ones():
+    """Copies the measured passes favour (two rows of a reliable loop, the k table's cheap passes) are not proposed
+    where rounds that drafted (copies) at this many rows gave fewer tokens a second than plain rounds."""
+    from types import SimpleNamespace
+
+    from specdec.batch.speculation import REALIZED_ROUNDS
+    from specdec.schedules import AlphaEstimate
+
+    gamma = policy(0.1, 0.001)
+    gamma.packed = True
+    engine = SimpleNamespace(speculation="measured", gamma_policy=gamma)
+    looping = [1] + [10 + i % 5 for i in range(20)]
+
+    def rows():
+        return [SimpleNamespace(draft=MODEL, sequence=list(looping), start_len=len(looping), limit=64, copying=None,
+                                alpha=AlphaEstimate(0.8), target=SimpleNamespace(device="cpu")) for _ in range(2)]
+
+    assert copying.propose_copies(engine, rows(), [0, 0], {})[1]  # copies
+    for _ in range(REALIZED_ROUNDS):
+        gamma.observe_round(2, True, 4, 0.2)  # 20 tokens a second drafting
+    gamma.observe_round(2, False, 2, 0.05)  # 40 plain
+    assert gamma.vetoes(2) and copying.propose_copies(engine, rows(), [0, 0], {}) == ([0, 0], {})

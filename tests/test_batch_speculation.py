@@ -8,7 +8,7 @@ import pytest
 
 import specdec
 from specdec.batch.engine import MODEL, BatchEngine, BatchGamma
-from specdec.batch.speculation import settle_alphas
+from specdec.batch.speculation import REALIZED_RETRY, REALIZED_ROUNDS, settle_alphas
 from specdec.config import GenerationConfig
 from specdec.errors import SpecDecError
 from specdec.schedules import AlphaEstimate, DecayedTimes
@@ -253,3 +253,50 @@ def test_a_lone_row_whose_draft_was_not_fed_waits_in_the_batch_while_a_prompt_go
                                                   for p, c in zip(prompts, configs)]
     assert not rows[0].fill_draft and not rows[1].fill_draft
     assert True in seen  # a lone row waited in the batch while the next prompt went in (row 0, then row 1)
+
+
+def test_drafting_rounds_that_gave_less_than_plain_overrule_theorem_8():
+    """At 3 rows of alpha 0.8 the planted costs say gamma > 0 pays; drafting rounds that gave 40 tokens a second
+    (whole rounds: draft steps, catch-ups, the pass) against a plain pass's 50 (3 tokens in the timed 60 ms) stop it
+    after REALIZED_ROUNDS of them, until REALIZED_RETRY plain rounds later drafting is tried afresh. Rounds that gave
+    more than plain keep it drafting."""
+    alphas = [0.8] * 3
+    for rate, keeps in ((40.0, False), (60.0, True)):
+        policy = planted_policy(0.003)
+        policy.target_time.observe(3, flat_then_linear(3))  # (plain's pass at 3 rows timed: choose decides there)
+        assert policy.choose(alphas, 3) > 0
+        for _ in range(REALIZED_ROUNDS - 1):
+            policy.observe_round(3, True, 6, 6 / rate)
+        assert policy.choose(alphas, 3) > 0 and not policy.vetoes(3)  # (too few rounds to tell)
+        policy.observe_round(3, True, 6, 6 / rate)
+        assert (policy.choose(alphas, 3) > 0) == keeps and (policy.decided[3] > 0) == keeps
+        assert policy.vetoes(3) != keeps and policy.realized(3, True) == pytest.approx(rate)
+    policy = planted_policy(0.003)
+    policy.target_time.observe(3, flat_then_linear(3))
+    for _ in range(REALIZED_ROUNDS):
+        policy.observe_round(3, True, 6, 0.15)
+    for _ in range(REALIZED_RETRY - 1):
+        policy.observe_round(3, False, 3, 3 / 45.0)  # plain rounds measured whole: 45 tokens a second, more
+        assert policy.vetoes(3) and policy.choose(alphas, 3) == 0
+    policy.observe_round(3, False, 3, 3 / 45.0)
+    assert not policy.vetoes(3) and policy.realized(3, True) is None  # tried afresh: the old rounds forgotten
+    assert policy.choose(alphas, 3) > 0 or policy.choose(alphas, 3) > 0  # (one of two may be choose's own probe)
+
+
+@pytest.mark.parametrize("method", quantizations())
+def test_a_batchs_last_row_whose_draft_catch_up_does_not_pay_stays_in_the_batch(method):
+    """Two requests arriving together, their drafts not fed (planted: 10 s a token); the first ends first, and the
+    second, its draft far behind and too few tokens left to pay its catch-up, goes on in the batch (plain and copying
+    rounds) rather than alone; where feeding is cheap it goes alone. Tokens as specdec.generate's either way."""
+    target, draft = quantized_pair("llama", method)
+    configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (4, 30)]
+    prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]  # (the second's 85 tokens: more than CATCH_UP behind)
+    alone = [specdec.generate(target, p, draft=draft, config=c).token_ids for p, c in zip(prompts, configs)]
+    for feed, moved in ((10.0, False), (1e-6, True)):
+        engine = BatchEngine(target, draft, max_batch=2)
+        engine.gamma_policy = planted_policy(feed)
+        engine.gamma_policy.packed = engine.target_session.packed
+        rows = [engine.add(p, c) for p, c in zip(prompts, configs)]
+        engine.run()
+        assert [r.output.token_ids for r in rows] == alone
+        assert (engine.moves["alone"] > 0) == moved

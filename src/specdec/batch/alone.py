@@ -50,6 +50,17 @@ def feeds_alone(engine: Any, row: BatchRow) -> bool:
     return not engine.rows and not engine.waiting and can_go_alone(engine, row)
 
 
+def feeding_does_not_pay(engine: Any, row: BatchRow, rows: int = 1) -> bool:
+    """Whether ``row``'s batch draft is far behind its sequence (more than CATCH_UP tokens: a row the batch ran
+    plain) and feeding it what it lacks would not pay at ``rows`` rows
+    (:meth:`~specdec.batch.speculation.BatchGamma.feed_pays`)."""
+    if row.draft != MODEL or engine.draft_session is None:
+        return False
+    gap = len(row.sequence) - engine.draft_session.lengths[engine.rows.index(row)]
+    generated = len(row.sequence) - row.start_len
+    return gap > CATCH_UP and engine.gamma_policy.feed_pays(rows, gap, row.limit - generated, generated) is False
+
+
 def waits_in_batch(engine: Any, row: BatchRow) -> bool:
     """Whether ``row``, the batch's only row while another request's prompt goes in (it joins in a few rounds), stays
     in the batch for those rounds: where its batch draft was not fed (the batch ran it plain) and catching it up
@@ -58,12 +69,17 @@ def waits_in_batch(engine: Any, row: BatchRow) -> bool:
     the whole sequence for the few rounds before the batch holds two rows again (about 0.8 s of the 0.5B for a chat
     request's 400 tokens on 2 cores; a server's first request while seven more go in: its prompt, for nothing where
     the batch of eight drafts nothing)."""
-    if engine.filling is None or row.draft != MODEL or engine.draft_session is None:
-        return False
-    gap = len(row.sequence) - engine.draft_session.lengths[engine.rows.index(row)]
-    generated = len(row.sequence) - row.start_len
-    return gap > CATCH_UP and engine.gamma_policy.feed_pays(engine.soon(), gap, row.limit - generated,
-                                                            generated) is False
+    return engine.filling is not None and feeding_does_not_pay(engine, row, engine.soon())
+
+
+def stays_in_batch(engine: Any, row: BatchRow) -> bool:
+    """Whether ``row``, the batch's only row, goes on in the batch rather than alone: while the next prompt goes in
+    (:func:`waits_in_batch`), or where it ran in the batch with its draft left behind (plain rounds) and catching the
+    draft up would not pay for the tokens it has left (:func:`feeding_does_not_pay`): the last row of a batch whose
+    rows ran plain, a few tokens from its end (in one process, 4 completions at once: such a row went alone for its
+    last 22 tokens and took 1.8 s, its 0.5B fed 300 tokens first, against 1.3 s plain). In the batch it still
+    copies from its context (:mod:`specdec.batch.copying`)."""
+    return waits_in_batch(engine, row) or (len(row.sequence) > row.start_len and feeding_does_not_pay(engine, row))
 
 
 def go_alone(engine: Any, row: BatchRow) -> bool:
@@ -151,7 +167,7 @@ def rounds_alone(engine: Any) -> list[BatchRow] | None:
     (docs/serving.md)."""
     rows = engine.rows
     if len(rows) == 1 and engine.alone and (rows[0].alone or (can_go_alone(engine, rows[0])
-                                                              and not waits_in_batch(engine, rows[0])
+                                                              and not stays_in_batch(engine, rows[0])
                                                               and go_alone(engine, rows[0]))):
         engine.rounds += 1
         done = [row for row in list(rows) if alone_round(row)]

@@ -47,8 +47,9 @@ def propose_copies(engine: Any, rows: list[BatchRow], ks: list[int],
     ``skip`` (those drafting from their prediction)."""
     copies: dict[int, Draft] = {}
     policy = engine.gamma_policy
-    if engine.speculation != "measured" or len(rows) < 2 or not policy.packed:
-        return ks, copies  # (padded, a long copy would make every row of the pass as wide)
+    if engine.speculation != "measured" or not policy.packed or policy.vetoes(len(rows)):
+        return ks, copies  # (padded, a long copy would make every row of the pass as wide; where drafting rounds gave
+        # less than plain ones at this many rows, none; a lone row in the batch copies too: alone.stays_in_batch)
     fed = sum(k + 1 for k in ks)
     for i, row in enumerate(rows):
         if row.draft != MODEL or i in skip:

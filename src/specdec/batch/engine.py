@@ -277,6 +277,10 @@ class BatchEngine:
             self.gamma_policy.observe(len(rows), width, time_verify, stepped,  # (the draft model's steps)
                                       time_draft - caught_up,  # (a catch-up is no draft step)
                                       tokens=self.target_session.last_pass_tokens)
+            if self.speculation == "measured" and self.draft_session is not None and not predicted:
+                # what the round gave, whole: drafting (the model, copies) or plain (BatchGamma.vetoes)
+                self.gamma_policy.observe_round(len(rows), stepped > 0 or bool(copied), sum(len(r[0]) for r in read),
+                                                time_draft + time_verify)
         done = []
 
         for i, row in enumerate(rows):

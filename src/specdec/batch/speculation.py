@@ -50,6 +50,13 @@ POOLED_DECAY = 0.97
 #: drafting round 1.30x a plain one where the rounds measured 1.14x (acceptance comes in runs, and each drafting row
 #: adds its sampling and verification)
 FEED_MARGIN = 2.0
+#: Drafting rounds at a batch size before what they gave can overrule Theorem 8 there (:meth:`BatchGamma.vetoes`):
+#: in one process, 4 completions at once, gamma 2 chosen at 3 rows gave 45-48 tokens a second against plain rounds'
+#: 47-49 (the pooled alpha over-stated these rows', and their drafts' catch-ups are not in the model), and the
+#: rows' copies at 3 rows 39-43 against plain's 45-49
+REALIZED_ROUNDS = 4
+#: Plain rounds at a batch size after such a veto before drafting is tried there afresh
+REALIZED_RETRY = 64
 
 
 class BatchGamma:
@@ -87,6 +94,9 @@ class BatchGamma:
         self.pooled = AlphaEstimate(alpha0, POOLED_DECAY)  # every model-drafted row's betas: a joining row's prior
         self._outputs = (0.0, 0.0)  # decayed sum of the tokens finished requests generated, and their decayed count
         self.feed_seconds: float | None = None  # decayed seconds the draft model takes per prompt token it is fed
+        # (rows, drafted) -> [decayed tokens, decayed seconds, rounds] of whole batched rounds (observe_round)
+        self._realized: dict[tuple[int, bool], list[float]] = {}
+        self._vetoed: dict[int, int] = {}  # rows -> plain rounds while drafting there was overruled
 
     def observe(self, rows: int, width: int, time_target: float, drafted: int, time_draft: float,
                 tokens: int | None = None) -> None:
@@ -101,6 +111,43 @@ class BatchGamma:
         if drafted > 0 and time_draft > 0 and self._drafted_before:
             self.draft_time.observe(rows, time_draft / drafted)
         self._drafted_before = drafted > 0
+
+    def observe_round(self, rows: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A whole batched round of ``rows`` rows that drafted (the model or copies) or not: every row's new tokens
+        over the round's wall time (the draft's steps and catch-ups, the pass, sampling and verification). A plain
+        round where drafting is overruled (:meth:`vetoes`) counts toward trying it afresh: after
+        :data:`REALIZED_RETRY` of them its drafting rounds are forgotten."""
+        if seconds <= 0:
+            return
+        side = self._realized.setdefault((rows, drafted), [0.0, 0.0, 0])
+        side[0] = self.decay * side[0] + tokens
+        side[1] = self.decay * side[1] + seconds
+        side[2] += 1
+        if not drafted and self.vetoes(rows):
+            self._vetoed[rows] = self._vetoed.get(rows, 0) + 1
+            if self._vetoed[rows] >= REALIZED_RETRY:
+                del self._realized[(rows, True)]
+                self._vetoed[rows] = 0
+
+    def realized(self, rows: int, drafted: bool) -> float | None:
+        """The decayed tokens a second of the rounds at ``rows`` rows that drafted (or not); None before any."""
+        side = self._realized.get((rows, drafted))
+        return side[0] / side[1] if side and side[1] > 0 else None
+
+    def realized_sides(self) -> list[tuple[int, bool]]:
+        """The (rows, drafted) sides :meth:`observe_round` has seen."""
+        return list(self._realized)
+
+    def vetoes(self, rows: int) -> bool:
+        """Whether drafting (the model's, the copies') at ``rows`` rows is overruled: its last
+        :data:`REALIZED_ROUNDS` or more rounds gave fewer tokens a second than plain rounds there (measured the same
+        way; before one was, ``rows`` over the timed plain pass). Theorem 8 predicts from the step costs and the
+        rows' acceptance; this is what the rounds gave."""
+        side = self._realized.get((rows, True))
+        plain = self.realized(rows, False)
+        if plain is None and self.target_time.get(rows):
+            plain = rows / self.target_time[rows]
+        return side is not None and side[2] >= REALIZED_ROUNDS and plain is not None and side[0] / side[1] < plain
 
     def finished(self, tokens: int) -> None:
         """A request finished after generating ``tokens`` tokens (how long the next ones are likely to run)."""
@@ -182,6 +229,8 @@ class BatchGamma:
             best = min(self.gamma, top)
         else:
             best = self._best(alphas, rows, top)
+            if best > 0 and self.vetoes(rows):  # (what drafting rounds gave here, measured, overrules the model)
+                best = 0
         self.decided[rows] = best
         return best
 
@@ -286,8 +335,8 @@ def round_gammas(engine: Any) -> list[int]:
 def idle_rows(engine: Any) -> list[bool]:
     """For each row of ``engine``: whether it is a model-drafted row that cannot draft this round, its draft far
     behind its sequence (more than CATCH_UP tokens) and feeding it what it lacks not paying
-    (:meth:`BatchGamma.feed_pays`; before that can be told, it can draft). Such a row runs plain and is left out of the batch's gamma
-    (a round whose gamma counted it would expect its drafts). Only with ``speculation="measured"``."""
+    (:meth:`BatchGamma.feed_pays`; before that can be told, it can draft). Such a row runs plain and is left out of the
+    batch's gamma (a round whose gamma counted it would expect its drafts). Only with ``speculation="measured"``."""
     rows = engine.rows
     if engine.draft_session is None or engine.speculation != "measured":
         return [False] * len(rows)
@@ -352,7 +401,8 @@ def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3,
 def report(engine: Any) -> dict:
     """How the batch speculates, measured (``specdec serve``'s /health): the mode, the gamma last chosen per
     batch size, the pass times per tokens fed and the draft step per rows it decides from, the pooled alpha, what a
-    token fed to the draft costs and the requests' mean length (whether a row's draft is fed), the gate's rates."""
+    token fed to the draft costs and the requests' mean length (whether a row's draft is fed), what drafting and plain
+    rounds gave per batch size (:meth:`BatchGamma.vetoes`), the gate's rates."""
     policy = engine.gamma_policy
     return {"speculation": engine.speculation, "rounds": engine.rounds,
             "gamma_by_rows": dict(sorted(policy.decided.items())),
@@ -361,6 +411,8 @@ def report(engine: Any) -> dict:
             "pooled_alpha": round(policy.pooled.value, 3),
             "draft_feed_seconds_per_token": None if policy.feed_seconds is None else round(policy.feed_seconds, 5),
             "mean_output_tokens": None if policy.output_tokens is None else round(policy.output_tokens, 1),
+            "rounds_tokens_per_s": {f"{rows} {'drafting' if d else 'plain'}": round(policy.realized(rows, d), 2)
+                                    for rows, d in sorted(policy.realized_sides())},
             **({"gate": engine.gate.report()} if engine.gate is not None else {})}
 
 def draft_prefills(engine: Any, rows: int) -> bool:
