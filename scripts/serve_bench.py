@@ -411,17 +411,20 @@ def verdicts(rows: list[dict]) -> list[dict]:
     """Per (workload, clients): specdec's default, its plain batching, the best llama-server row, OpenVINO's best,
     the ratios and the issue's bar (>= 1.5x the peer at 1 client, >= 1.25x at 8, >= plain everywhere)."""
     peers = peer_rows(rows)
+    levels = {(r["workload"], r["clients"]) for r in rows if r["server"] == "specdec"}
     out = []
-    for (workload, clients), peer in sorted(peers.items(), key=lambda kv: (WORKLOADS.index(kv[0][0]), kv[0][1])):
+    for workload, clients in sorted(levels, key=lambda level: (WORKLOADS.index(level[0]), level[1])):
+        peer = peers.get((workload, clients))  # (None: llama-server did not run at this level)
         spec = mean_row(rows, "specdec", workload, clients)
         plain = mean_row(rows, "specdec plain", workload, clients)
         openvino = [r for r in rows if r["server"].startswith("openvino") and r["workload"] == workload
                     and r["clients"] == clients]
         if spec is None:
             continue
-        v = {"workload": workload, "clients": clients, "specdec": spec["output_tokens_per_s"],
-             "peer": peer["server"], "peer_tokens_per_s": peer["output_tokens_per_s"],
-             "vs_peer": spec["output_tokens_per_s"] / peer["output_tokens_per_s"]}
+        v = {"workload": workload, "clients": clients, "specdec": spec["output_tokens_per_s"]}
+        if peer is not None:
+            v.update(peer=peer["server"], peer_tokens_per_s=peer["output_tokens_per_s"],
+                     vs_peer=spec["output_tokens_per_s"] / peer["output_tokens_per_s"])
         if plain is not None:
             v["plain"] = plain["output_tokens_per_s"]
             v["vs_plain"] = spec["output_tokens_per_s"] / plain["output_tokens_per_s"]
@@ -433,7 +436,8 @@ def verdicts(rows: list[dict]) -> list[dict]:
             v["openvino"], v["openvino_tokens_per_s"] = top["server"], top["output_tokens_per_s"]
         bar = {1: 1.5, 8: 1.25}.get(clients)
         v["bar"] = bar
-        v["meets_bar"] = (bar is None or v["vs_peer"] >= bar) and v.get("vs_plain", 1.0) >= 1.0
+        v["meets_bar"] = ((bar is None or v["vs_peer"] >= bar) and v.get("vs_plain", 1.0) >= 1.0
+                          if "vs_peer" in v or bar is None else None)  # (None: its peer did not run)
         out.append(v)
     return out
 
@@ -457,9 +461,10 @@ def tables(doc: dict) -> str:
             vs_plain += f" (runs {min(v['vs_plain_runs']):.2f}-{max(v['vs_plain_runs']):.2f}x)"
         ov = f"{v['openvino_tokens_per_s']:.2f} ({v['openvino']})" if "openvino" in v else ""
         bar = f">= {v['bar']}x, >= plain" if v["bar"] else ">= plain"
-        lines.append(f"| {v['workload']} | {v['clients']} | {v['specdec']:.2f} | {plain} | {vs_plain} | "
-                     f"{v['peer_tokens_per_s']:.2f} ({v['peer']}) | {v['vs_peer']:.2f}x | {ov} | {bar} | "
-                     f"{'yes' if v['meets_bar'] else 'no'} |")
+        peer = f"{v['peer_tokens_per_s']:.2f} ({v['peer']}) | {v['vs_peer']:.2f}x" if "peer" in v else "not run | "
+        lines.append(f"| {v['workload']} | {v['clients']} | {v['specdec']:.2f} | {plain} | {vs_plain} | {peer} | "
+                     f"{ov} | {bar} | "
+                     f"{'n/a' if v['meets_bar'] is None else 'yes' if v['meets_bar'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -128,3 +128,20 @@ def test_verdicts_compare_the_means_of_repeated_runs(sb):
     assert v["identical"] == "16/16" and v["vs_peer"] == pytest.approx(1.7) and v["meets_bar"]
     assert "| 1.03x (runs 0.97-1.10x) |" in sb.tables({"cpu": "c", "date": "d", "specdec_commit": "x", "llama_cpp_python": "y",
                                               "rows": rows, "verdicts": [v]})
+
+
+def test_verdicts_without_llama_server_still_compare_with_plain(sb):
+    """A run of specdec alone (--servers specdec): the verdict compares it with its plain batching; the bar against
+    llama-server cannot be judged (None, 'n/a'), except where it has no peer bar (2 clients: >= plain only)."""
+    def row(server, clients, tps):
+        return {"server": server, "workload": "chat", "clients": clients, "output_tokens_per_s": tps, "requests": 4,
+                "identical": 4, "latency_p50_s": 1.0, "latency_p95_s": 2.0}
+
+    rows = [row("specdec", 2, 30.0), row("specdec plain", 2, 25.0), row("specdec", 8, 33.0),
+            row("specdec plain", 8, 30.0)]
+    two, eight = sb.verdicts(rows)
+    assert two["vs_plain"] == pytest.approx(1.2) and two["meets_bar"] is True and "vs_peer" not in two
+    assert eight["vs_plain"] == pytest.approx(1.1) and eight["meets_bar"] is None
+    table = sb.tables({"cpu": "c", "date": "d", "specdec_commit": "x", "llama_cpp_python": "y", "rows": rows,
+                       "verdicts": [two, eight]})
+    assert "| chat | 8 | 33.00 | 30.00 | 1.10x | not run |  |  | >= 1.25x, >= plain | n/a |" in table
