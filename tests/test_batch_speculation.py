@@ -118,6 +118,14 @@ def planted_policy(feed_seconds: float, step: float = 0.012) -> BatchGamma:
     return policy
 
 
+def planted_engine(target, draft, feed_seconds: float, **kwargs) -> BatchEngine:
+    """A batch engine deciding from :func:`planted_policy`'s costs."""
+    engine = BatchEngine(target, draft, **kwargs)
+    engine.gamma_policy = planted_policy(feed_seconds)
+    engine.gamma_policy.packed = engine.target_session.packed
+    return engine
+
+
 def test_feeding_a_draft_pays_only_for_enough_tokens_to_come():
     """At 2 rows of alpha 0.8 (the planted costs: plain 33 tokens/s, gamma 3 about 61) drafting saves about 14 ms a
     token: a 340-token prompt fed at 3 ms a token (1.0 s, twice that with FEED_MARGIN) pays for 192 tokens to come,
@@ -174,9 +182,7 @@ def test_a_joining_row_whose_draft_feeding_does_not_pay_runs_plain_with_its_toke
     prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]
     alone = [specdec.generate(target, p, draft=draft, config=c).token_ids for p, c in zip(prompts, configs)]
     for feed, fed in ((10.0, [True, False]), (1e-6, [True, True])):
-        engine = BatchEngine(target, draft, max_batch=2, alone=False)
-        engine.gamma_policy = planted_policy(feed)
-        engine.gamma_policy.packed = engine.target_session.packed
+        engine = planted_engine(target, draft, feed, max_batch=2, alone=False)
         rows = []
         for p, c in zip(prompts, configs):  # (one at a time: the second joins a batch of one)
             rows.append(engine.add(p, c))
@@ -197,9 +203,7 @@ def test_requests_arriving_together_feed_their_drafts_only_where_it_pays(method)
     prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]
     alone = [specdec.generate(target, p, draft=draft, config=c).token_ids for p, c in zip(prompts, configs)]
     for feed, fed in ((10.0, [False, False]), (1e-6, [True, True])):
-        engine = BatchEngine(target, draft, max_batch=2)
-        engine.gamma_policy = planted_policy(feed)
-        engine.gamma_policy.packed = engine.target_session.packed
+        engine = planted_engine(target, draft, feed, max_batch=2)
         rows = [engine.add(p, c) for p, c in zip(prompts, configs)]
         engine.run()
         assert [r.output.token_ids for r in rows] == alone
@@ -215,9 +219,7 @@ def test_a_request_arriving_while_the_first_prompt_goes_in_joins_before_its_firs
     target, draft = quantized_pair("llama", method)
     configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (24, 20)]
     prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]
-    engine = BatchEngine(target, draft, max_batch=2)
-    engine.gamma_policy = planted_policy(10.0)
-    engine.gamma_policy.packed = engine.target_session.packed
+    engine = planted_engine(target, draft, 10.0, max_batch=2)
     rows = [engine.add(prompts[0], configs[0])]
     engine.step()
     assert rows[0] in engine.rows and len(rows[0].sequence) == len(prompts[0]) and not rows[0].alone  # no round yet
@@ -242,9 +244,7 @@ def test_a_lone_row_whose_draft_was_not_fed_waits_in_the_batch_while_a_prompt_go
     monkeypatch.setattr(alone_module, "waits_in_batch", lambda engine, row: seen.append(real(engine, row)) or seen[-1])
     configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (60, 90, 6)]  # (row 0 leaves before row 1)
     prompts = [(PROMPTS[i] * 12)[:90] for i in range(3)]
-    engine = BatchEngine(target, draft, max_batch=2, prefill_chunk=8)
-    engine.gamma_policy = planted_policy(10.0)
-    engine.gamma_policy.packed = engine.target_session.packed
+    engine = planted_engine(target, draft, 10.0, max_batch=2, prefill_chunk=8)
     rows = [engine.add(prompts[0], configs[0])]
     engine.step()  # the first row joins the empty batch and goes on alone (its batch draft not fed)
     rows += [engine.add(p, c) for p, c in zip(prompts[1:], configs[1:])]
@@ -293,9 +293,7 @@ def test_a_batchs_last_row_whose_draft_catch_up_does_not_pay_stays_in_the_batch(
     prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]  # (the second's 85 tokens: more than CATCH_UP behind)
     alone = [specdec.generate(target, p, draft=draft, config=c).token_ids for p, c in zip(prompts, configs)]
     for feed, moved in ((10.0, False), (1e-6, True)):
-        engine = BatchEngine(target, draft, max_batch=2)
-        engine.gamma_policy = planted_policy(feed)
-        engine.gamma_policy.packed = engine.target_session.packed
+        engine = planted_engine(target, draft, feed, max_batch=2)
         rows = [engine.add(p, c) for p, c in zip(prompts, configs)]
         engine.run()
         assert [r.output.token_ids for r in rows] == alone

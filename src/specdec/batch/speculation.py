@@ -195,9 +195,13 @@ class BatchGamma:
             return None
         if saving <= 0:
             return False
+        return self.tokens_left(left, generated) * saving >= FEED_MARGIN * feed * self.feed_seconds
+
+    def tokens_left(self, left: int, generated: int) -> float:
+        """The tokens a row that has generated ``generated`` (and may generate ``left`` more) is likely still to
+        generate: what a request of the finished ones' mean length m has left, at least m / 4, at most ``left``."""
         mean = self.output_tokens
-        n = left if mean is None else min(left, max(mean - generated, mean / 4))
-        return n * saving >= FEED_MARGIN * feed * self.feed_seconds
+        return left if mean is None else min(left, max(mean - generated, mean / 4))
 
     def expected_rate(self, alphas: Sequence[float], rows: int, gamma: int) -> float | None:
         """Theorem 8 for the batch: expected tokens a second of ``rows`` rows (those with ``alphas`` drafting
