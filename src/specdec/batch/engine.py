@@ -214,8 +214,9 @@ class BatchEngine:
         return draft_prefills(self, rows)
 
     def step(self) -> list[BatchRow]:
-        """Let waiting requests join, run one round over every row; returns the rows that finished in it
-        (their ``output`` set, or their ``error`` when a callback raised or they were cancelled)."""
+        """Let waiting requests join, run one round over every row (none where a lone request's prompt went in at
+        once: its first round is the next step's); returns the rows that finished in it (their ``output`` set, or
+        their ``error`` when a callback raised or they were cancelled)."""
         was_empty = not self.rows
         dropped = self._join()
         finished = [row for row in self.rows if row.cancelled]
