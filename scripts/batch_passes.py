@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def calibrated(engine, context: int) -> dict:
-    from specdec.batch.speculation import calibrate
+    from specdec.batch.measuring import calibrate
 
     return calibrate(engine, context=context)
 

@@ -52,8 +52,8 @@ from specdec.batch.alone import release, rounds_alone
 from specdec.batch.gate import DraftGate, gate_round
 from specdec.batch.drafting import alone_draft, batch_drafting, propose_model
 from specdec.batch.prefix import keep_prefix, prefix_cache
-from specdec.batch.speculation import (SPECULATION, BatchGamma, calibrate, draft_prefills, report, round_gammas,
-                                       settle_alphas)
+from specdec.batch.measuring import calibrate, report
+from specdec.batch.speculation import SPECULATION, BatchGamma, draft_prefills, round_gammas, settle_alphas
 from specdec.batch.prediction import propose_predictions
 from specdec.batch.copying import propose_copies
 from specdec.batch.fill import DEFAULT_CHUNK, chunk_size, drop_fill, fill, filled, follow_leave, start_fill
@@ -197,11 +197,11 @@ class BatchEngine:
         return round_gammas(self)
 
     def calibrate(self, context: int = 128, widths: Sequence[int] = (1, 2, 3, 5)) -> dict:
-        """Time the batch's passes and draft steps, seeding its gamma policy (:func:`.speculation.calibrate`)."""
+        """Time the batch's passes and draft steps, seeding its gamma policy (:func:`.measuring.calibrate`)."""
         return calibrate(self, context, widths)
 
     def report(self) -> dict:
-        """How the batch speculates, measured (:func:`~specdec.batch.speculation.report`)."""
+        """How the batch speculates, measured (:func:`~specdec.batch.measuring.report`)."""
         return report(self)
 
     def soon(self) -> int:
@@ -214,9 +214,9 @@ class BatchEngine:
         return draft_prefills(self, rows)
 
     def step(self) -> list[BatchRow]:
-        """Let waiting requests join, run one round over every row (none where a lone request's prompt went in at
-        once: its first round is the next step's); returns the rows that finished in it (their ``output`` set, or
-        their ``error`` when a callback raised or they were cancelled)."""
+        """Let waiting requests join, run one round over every row (a lone request's prompt that went in at once has
+        its first round next step); returns the rows that finished (``output`` set, or ``error``: a callback raised,
+        a cancel)."""
         was_empty = not self.rows
         dropped = self._join()
         finished = [row for row in self.rows if row.cancelled]
@@ -227,9 +227,8 @@ class BatchEngine:
         if not self.rows:
             return finished
         if was_empty and len(self.rows) == 1 and self.alone and self.rows[0].draft == MODEL:
-            # the prompt of a request alone went in at once: requests that arrived meanwhile (a server's clients
-            # sending together) join before its first round decides whether it goes alone (and its draft model is
-            # fed the whole prompt for a batch that may not draft); its round is the next step's
+            # a lone request's prompt went in at once: requests that arrived meanwhile (a server's clients sending
+            # together) join before its first round decides whether it goes alone (its 0.5B fed for nothing)
             return finished
         done = rounds_alone(self)  # one row: through the one-sequence engine
         if done is not None:
