@@ -28,7 +28,6 @@ from typing import Any
 from specdec.batch.drafting import CATCH_UP
 from specdec.batch.row import MODEL, BatchRow, ModelRowDrafter, row_context
 from specdec.devices import RoundClock
-from specdec.drafters import hierarchical
 from specdec.drafters.model import ModelDrafter
 from specdec.run_state import finish_output
 from specdec.schedules import make_schedule
@@ -50,14 +49,18 @@ def feeds_alone(engine: Any, row: BatchRow) -> bool:
     return not engine.rows and not engine.waiting and can_go_alone(engine, row)
 
 
+def draft_gap(engine: Any, row: BatchRow) -> int:
+    """The tokens of ``row``'s sequence its batch draft lacks (0 for a row without the batch's model draft)."""
+    if row.draft != MODEL or engine.draft_session is None:
+        return 0
+    return len(row.sequence) - engine.draft_session.lengths[engine.rows.index(row)]
+
+
 def feeding_does_not_pay(engine: Any, row: BatchRow, rows: int = 1) -> bool:
     """Whether ``row``'s batch draft is far behind its sequence (more than CATCH_UP tokens: a row the batch ran
     plain) and feeding it what it lacks would not pay at ``rows`` rows
     (:meth:`~specdec.batch.speculation.BatchGamma.feed_pays`)."""
-    if row.draft != MODEL or engine.draft_session is None:
-        return False
-    gap = len(row.sequence) - engine.draft_session.lengths[engine.rows.index(row)]
-    generated = len(row.sequence) - row.start_len
+    gap, generated = draft_gap(engine, row), len(row.sequence) - row.start_len
     return gap > CATCH_UP and engine.gamma_policy.feed_pays(rows, gap, row.limit - generated, generated) is False
 
 
@@ -88,12 +91,9 @@ def stays_in_batch(engine: Any, row: BatchRow) -> bool:
     from its context (:mod:`specdec.batch.copying`)."""
     if waits_in_batch(engine, row):
         return True
-    if row.draft != MODEL or engine.draft_session is None or len(row.sequence) <= row.start_len:
-        return False
-    gap = len(row.sequence) - engine.draft_session.lengths[engine.rows.index(row)]
-    generated = len(row.sequence) - row.start_len
-    left = engine.gamma_policy.tokens_left(row.limit - generated, generated)
-    return gap > CATCH_UP and left < ALONE_CATCH_UP_PAYS * gap
+    gap, generated = draft_gap(engine, row), len(row.sequence) - row.start_len
+    return (generated > 0 and gap > CATCH_UP
+            and engine.gamma_policy.tokens_left(row.limit - generated, generated) < ALONE_CATCH_UP_PAYS * gap)
 
 
 def go_alone(engine: Any, row: BatchRow) -> bool:
