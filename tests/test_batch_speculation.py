@@ -298,3 +298,53 @@ def test_a_batchs_last_row_whose_draft_catch_up_does_not_pay_stays_in_the_batch(
         engine.run()
         assert [r.output.token_ids for r in rows] == alone
         assert (engine.moves["alone"] > 0) == moved
+
+
+@pytest.mark.parametrize("method", quantizations())
+def test_a_row_kept_in_the_batch_for_a_joining_prompt_does_not_catch_its_draft_up_meanwhile(monkeypatch, method):
+    """Two requests arriving together, their drafts not fed (planted 8 ms a token: at 2 rows feeding 100 tokens does
+    not pay for 100 to come); one ends and a third request's prompt goes in 8 tokens a round, the feed now planted
+    where catching the other's draft up would pay at 1 row but not at 2.
+    The row left alone stays in the batch for those rounds (it joins the third) and its draft is not caught up for
+    them either: its feed is weighed at the rows the batch is about to hold (fails where it was weighed at one row).
+    Tokens as specdec.generate's. (Copying first is off: its copies would draft for it without the model.)"""
+    from specdec.batch import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "propose_copies", lambda engine, rows, ks, skip: (ks, {}))
+    target, draft = quantized_pair("llama", method)
+    configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (6, 100, 100)]
+    prompts = [(PROMPTS[i] * 60)[:100] for i in range(3)]
+    engine = planted_engine(target, draft, 0.008, max_batch=2, prefill_chunk=8)
+    for _ in range(20):
+        engine.gamma_policy.finished(100)  # (planted: requests run 100 tokens)
+    rows = [engine.add(p, c) for p, c in zip(prompts[:2], configs[:2])]
+    while rows[0].output is None:
+        engine.step()
+    assert engine.rows == [rows[1]] and not any(r.fill_draft for r in rows)
+    # the draft's feed planted between what drafting saves a token at 1 row and at 2 (the rounds' own times moved
+    # the planted pass table): catching the row's draft up pays at 1 row, not at 2
+    policy, row = engine.gamma_policy, rows[1]
+    generated = len(row.sequence) - row.start_len
+    gap, left = len(row.sequence), policy.tokens_left(row.limit - generated, generated)
+    policy.feed_seconds = left * (policy.feed_saving(1) * policy.feed_saving(2)) ** 0.5 / (2 * gap)
+    assert policy.feed_pays(1, gap, row.limit - generated, generated)
+    assert not policy.feed_pays(2, gap, row.limit - generated, generated)
+    rows.append(engine.add(prompts[2], configs[2]))
+    fed_waiting = []
+    real = engine.draft_session.prefill
+
+    def prefill(slot, ids, start=0):
+        if engine.filling is not None and len(engine.rows) == 1:
+            fed_waiting.append(len(ids) - start)
+        return real(slot, ids, start)
+
+    engine.draft_session.prefill = prefill
+    engine.step()
+    assert engine.filling is rows[2] and engine.rows == [rows[1]]  # (the third's prompt goes in over rounds)
+    while engine.filling is not None:
+        assert not rows[1].alone
+        engine.step()
+    engine.run()
+    assert fed_waiting == []
+    assert [r.output.token_ids for r in rows] == [specdec.generate(target, p, draft=draft, config=c).token_ids
+                                                  for p, c in zip(prompts, configs)]
