@@ -128,12 +128,16 @@ def planted_engine(target, draft, feed_seconds: float, **kwargs) -> BatchEngine:
 
 def test_feeding_a_draft_pays_only_for_enough_tokens_to_come():
     """At 2 rows of alpha 0.8 (the planted costs: plain 33 tokens/s, gamma 3 about 61) drafting saves about 14 ms a
-    token: a 340-token prompt fed at 3 ms a token (1.0 s, twice that with FEED_MARGIN) pays for 192 tokens to come,
-    not for the 70 that finished requests generated; a 100-token prompt pays for those 70; a row 60 tokens into a
+    token: a 340-token prompt fed at 3 ms a token (1.0 s, twice that with FEED_MARGIN) pays for 200 tokens to come
+    (half of a 400-token limit before any request finished), not for 96 (of 192: a 200-token prompt's feed does),
+    nor for the 70 that finished requests generated; a 100-token prompt pays for those 70; a row 60 tokens into a
     request of a 70-token mean still counts a quarter of it (17 tokens)."""
     assert BatchGamma(gamma=4, max_gamma=12).feed_pays(2, 340, 192) is None  # nothing timed: the caller's rule
     policy = planted_policy(0.003)
-    assert policy.feed_pays(2, 340, 192) is True  # no request finished yet: the row's limit
+    # no request finished yet: half the row's limit (COLD_OUTPUT_SHARE), 96 of 192
+    assert policy.tokens_left(192, 0) == 96 and policy.tokens_left(192, 100) == 96
+    assert policy.feed_pays(2, 340, 192) is False and policy.feed_pays(2, 200, 192) is True
+    assert policy.feed_pays(2, 340, 400) is True
     for _ in range(3):
         policy.finished(70)
     assert policy.output_tokens == pytest.approx(70)
