@@ -28,9 +28,11 @@ environment (`--openvino-python`), in-process and one request at a time, so only
     python scripts/serve_bench.py --clients 1 --workloads completion --count 2 --out /tmp/sb   # a quick look
     python scripts/serve_bench.py --clients 8 --workloads completion,chat --repeat 3 --servers specdec,llama-server
 
-With ``--repeat N`` specdec and its plain batching run N times each per level, alternating, each on a fresh server:
-this machine's speed drifts 5-12% between runs, more than speculation gains where a batch's passes are compute-bound
-(8 rows on 2 cores), so the verdicts compare their means and list each run's ratio.
+With ``--repeat N`` specdec and its plain batching run N times each per level, alternating, each on a fresh server,
+in the order A B B A A B ... (specdec first in the first, third, ... run, its plain first in the others): this
+machine's speed drifts 5-30% between runs, more than speculation gains where a batch's passes are compute-bound (8
+rows on 2 cores), and a steady drift over A B A B favours whichever runs second; so the verdicts compare their means
+and list each run's ratio.
 
 Timing is not CI's business: this is a benchmark command. Run it with the machine to yourself.
 """
@@ -530,7 +532,8 @@ def main() -> int:
     if "specdec" in servers:
         for clients in levels:
             for run in range(args.repeat):
-                for name, extra in (("specdec", {}), ("specdec plain", {"draft": "none"})):
+                pair = [("specdec", {}), ("specdec plain", {"draft": "none"})]
+                for name, extra in (pair if run % 2 == 0 else pair[::-1]):  # (ABBA: a drift over the runs cancels)
                     log_name = f"{name.replace(' ', '_')}_{clients}" + (f"_run{run + 1}" if args.repeat > 1 else "")
                     server = Server(["--max-batch", "8", "--max-queue", "64", *args.serve_args.split()],
                                     out / f"{log_name}.log")
@@ -541,14 +544,16 @@ def main() -> int:
                             row = run_level(server.url, model, work[(workload, clients)], clients, extra)
                             row["batch"] = batch_report(server.url)  # how its batch speculated, measured
                             row["run"] = run
-                            if name == "specdec plain":
-                                spec = next(r for r in rows if r["server"] == "specdec" and r["workload"] == workload
-                                            and r["clients"] == clients and r["run"] == run)
-                                same = sum(a == b for a, b in zip(spec["texts"], row["texts"]))
-                                spec["identical"] = row["identical"] = same
                             record(name, workload, row)
                     finally:
                         server.close()
+                for workload in workloads:  # the speculative texts against plain decoding's, this run's
+                    both = [next((r for r in rows if r["server"] == name and r["workload"] == workload
+                                  and r["clients"] == clients and r["run"] == run), None) for name, _ in pair]
+                    if None not in both:
+                        both[0]["identical"] = both[1]["identical"] = sum(
+                            a == b for a, b in zip(both[0]["texts"], both[1]["texts"]))
+                save()
     if "llama-server" in servers:
         binary = build_llama_server(Path(args.cache))
         spec_levels = {int(c) for c in args.llama_spec_clients.split(",") if c}
