@@ -8,7 +8,7 @@ import pytest
 
 import specdec
 from specdec.batch.engine import MODEL, BatchEngine, BatchGamma
-from specdec.batch.speculation import REALIZED_RETRY, REALIZED_ROUNDS, settle_alphas
+from specdec.batch.speculation import FEED_MARGIN, REALIZED_RETRY, REALIZED_ROUNDS, settle_alphas
 from specdec.config import GenerationConfig
 from specdec.errors import SpecDecError
 from specdec.schedules import AlphaEstimate, DecayedTimes
@@ -330,7 +330,7 @@ def test_a_row_kept_in_the_batch_for_a_joining_prompt_does_not_catch_its_draft_u
     policy, row = engine.gamma_policy, rows[1]
     generated = len(row.sequence) - row.start_len
     gap, left = len(row.sequence), policy.tokens_left(row.limit - generated, generated)
-    policy.feed_seconds = left * (policy.feed_saving(1) * policy.feed_saving(2)) ** 0.5 / (2 * gap)
+    policy.feed_seconds = left * (policy.feed_saving(1) * policy.feed_saving(2)) ** 0.5 / (FEED_MARGIN * gap)
     assert policy.feed_pays(1, gap, row.limit - generated, generated)
     assert not policy.feed_pays(2, gap, row.limit - generated, generated)
     rows.append(engine.add(prompts[2], configs[2]))
