@@ -118,6 +118,13 @@ def planted_policy(feed_seconds: float, step: float = 0.012) -> BatchGamma:
     return policy
 
 
+def without_copies(monkeypatch) -> None:
+    """Batch rows do not copy from their context (copies need no draft model and would count as its drafts)."""
+    from specdec.batch import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "propose_copies", lambda engine, rows, ks, skip: (ks, {}))
+
+
 def planted_engine(target, draft, feed_seconds: float, **kwargs) -> BatchEngine:
     """A batch engine deciding from :func:`planted_policy`'s costs."""
     engine = BatchEngine(target, draft, **kwargs)
@@ -178,9 +185,7 @@ def test_a_joining_row_whose_draft_feeding_does_not_pay_runs_plain_with_its_toke
     batch that holds a row has no draft prefill and drafts nothing, while the row that joined the empty batch
     (fed, as a lone row drafts) drafts; where feeding is cheap both are fed. Greedy rows give specdec.generate's
     tokens either way. (Copying first is off here: its copies need no draft model and would count as drafts.)"""
-    from specdec.batch import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "propose_copies", lambda engine, rows, ks, skip: (ks, {}))
+    without_copies(monkeypatch)
     target, draft = quantized_pair("llama", method)
     configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (24, 20)]
     prompts = [(PROMPTS[i] * 12)[:90] for i in range(2)]
@@ -312,9 +317,7 @@ def test_a_row_kept_in_the_batch_for_a_joining_prompt_does_not_catch_its_draft_u
     The row left alone stays in the batch for those rounds (it joins the third) and its draft is not caught up for
     them either: its feed is weighed at the rows the batch is about to hold (fails where it was weighed at one row).
     Tokens as specdec.generate's. (Copying first is off: its copies would draft for it without the model.)"""
-    from specdec.batch import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "propose_copies", lambda engine, rows, ks, skip: (ks, {}))
+    without_copies(monkeypatch)
     target, draft = quantized_pair("llama", method)
     configs = [GenerationConfig(max_new_tokens=n, gamma=3) for n in (6, 100, 100)]
     prompts = [(PROMPTS[i] * 60)[:100] for i in range(3)]

@@ -55,6 +55,7 @@ def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3,
         engine.gamma_policy.draft_time.observe(rows, seconds)
     return times
 
+
 def report(engine: Any) -> dict:
     """How the batch speculates, measured (``specdec serve``'s /health): the mode, the gamma last chosen per
     batch size, the pass times per tokens fed and the draft step per rows it decides from, the pooled alpha, what a
