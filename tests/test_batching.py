@@ -241,3 +241,17 @@ def test_a_cancelled_row_leaves_and_one_cancelled_while_waiting_never_runs():
     assert rows[0].output is None and rows[2].output is None and len(engine.rows) == 1
     engine.run()
     assert rows[1].output.token_ids == specdec.generate(target, PROMPTS[1], max_new_tokens=30).token_ids
+
+
+def test_a_waiting_request_takes_a_cancelled_rows_slot_in_the_same_step():
+    target = load_tiny(eos=None)
+    engine = BatchEngine(target, perturbed(target, 0.05), max_batch=2)
+    rows = [engine.add(p, GenerationConfig(max_new_tokens=30)) for p in PROMPTS[:3]]
+    engine.step()
+    assert engine.rows == rows[:2] and list(engine.waiting) == [rows[2]]
+    engine.cancel(rows[0], "disconnected")
+    assert engine.step() == [rows[0]]
+    assert rows[2] in engine.rows and not engine.waiting  # it went in where the cancelled row left
+    engine.run()
+    for row, prompt in zip(rows[1:], PROMPTS[1:3]):
+        assert row.output.token_ids == specdec.generate(target, prompt, max_new_tokens=30).token_ids

@@ -218,12 +218,11 @@ class BatchEngine:
         its first round next step); returns the rows that finished (``output`` set, or ``error``: a callback raised,
         a cancel)."""
         was_empty = not self.rows
-        dropped = self._join()
-        finished = [row for row in self.rows if row.cancelled]
+        finished = [row for row in self.rows if row.cancelled]  # (they leave first: a waiting request takes the slot)
         for row in finished:
             row.error = row.error or RuntimeError(row.cancelled)
         self._drop(finished)
-        finished = dropped + finished
+        finished = self._join() + finished
         if not self.rows:
             return finished
         if was_empty and len(self.rows) == 1 and self.alone and self.rows[0].draft == MODEL:
