@@ -59,13 +59,20 @@ def outputs(ext) -> dict[str, torch.Tensor]:
             scales = torch.rand(N, generator=g) / 127
             four = ext.layout4(*ext.quantize4(torch.randn(N, K, generator=g)))
             bias = torch.randn(N, generator=g)
-            for M in (1, 2, 5, 9):
+            for M in (1, 2, 5, 9, 16, 33):
                 x = torch.randn(M, K, generator=g)
                 for amx in (0, 2):
                     res[f"int8 {isa} {M}x{K}x{N} amx_from={amx}"] = ext.rows(x, packed, colsum128, scales, bias, N, False,
                                                                             amx, [])[0]
-                res[f"int4 {isa} {M}x{K}x{N}"] = ext.rows4(x, *four, bias, N, [])[0]
+                    res[f"int4 {isa} {M}x{K}x{N} amx_from={amx}"] = rows4(ext, x, four, bias, N, amx)
     return res
+
+
+def rows4(ext, x, four, bias, N, amx):
+    try:
+        return ext.rows4(x, *four, bias, N, amx, [])[0]
+    except TypeError:  # (a build from before rows4 took amx_from: it has no AMX path)
+        return ext.rows4(x, *four, bias, N, [])[0]
 
 
 def main() -> int:

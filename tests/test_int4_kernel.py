@@ -49,6 +49,29 @@ def test_rows_multiply_by_the_dequantized_weight_and_each_depends_on_its_own_inp
         weight.rows(x, per_pass=True)
 
 
+@needs_vnni
+@pytest.mark.parametrize("n,k", [(96, 256), (40, 1536), (200, 896)])
+def test_the_amx_path_gives_the_vnni_paths_bits(n, k, monkeypatch):
+    """Where the CPU has AMX, passes of 16 rows or more take each sub-block's int32 sums from tiles: the same exact
+    sums folded in the same order, so the AVX-512 path's bits and each row's own bits alone, over one 16-row tile
+    block, a full one and one row (padded to a tile), several, and more than one 64-row chunk."""
+    if not extension.has_amx():
+        pytest.skip("this CPU has no AMX (or Linux does not let the process use it): only the AVX-512 path runs")
+    torch.manual_seed(n * k)
+    weight, bias = Int4Weight.quantize(torch.randn(n, k) * torch.logspace(-2, 0, k)), torch.randn(n)
+    x = torch.randn(130, k) * torch.logspace(-2, 2, 130).unsqueeze(1)
+    for m in (16, 17, 33, 64, 65, 130):
+        rows = x[:m].contiguous()
+        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "1")
+        tiles = weight.rows(rows, bias=bias)
+        alone = torch.cat([weight.rows(rows[i:i + 1].contiguous(), bias=bias) for i in range(m)])
+        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "0")
+        assert torch.equal(tiles, weight.rows(rows, bias=bias))
+        assert torch.equal(tiles, alone)
+        ref = reference(rows, weight, bias)
+        assert float((tiles.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
 def random_q4k(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     """Random Q4_K blocks [rows, cols / 256 * 144] uint8 with small positive float16 d and dmin."""
     rng = np.random.default_rng(seed)

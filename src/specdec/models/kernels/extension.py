@@ -40,11 +40,12 @@ from specdec.errors import SpecDecError
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("int8_gemm_avx512.cpp", "int4_gemm_avx512.cpp", "attention_avx512.cpp", "decoder_step.cpp", "gemm_avx2.cpp",
                         "attention_avx2.cpp")]
-HEADERS = [Path(__file__).parent / "csrc" / name for name in ("output_parts.h", "attention_pairs.h", "attention_rows.h", "avx2_lanes.h")]
+HEADERS = [Path(__file__).parent / "csrc" / name
+           for name in ("output_parts.h", "amx_tiles.h", "attention_pairs.h", "attention_rows.h", "avx2_lanes.h")]
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4
 #: Passes of at least this many rows run on AMX tiles where the CPU has them (the same bits: exact int32 sums);
-#: ``SPECDEC_INT8_AMX_FROM`` overrides it (0: never).
+#: ``SPECDEC_INT8_AMX_FROM`` overrides it (0: never, for the int4 GEMM too, whose tiles start at 16 rows).
 AMX_FROM = 2
 
 _lock = threading.Lock()

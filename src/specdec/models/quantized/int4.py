@@ -132,7 +132,7 @@ class Int4Weight:
         if per_pass:
             raise SpecDecError("an int4 layer quantizes every activation row on its own; it has no per-pass mode")
         return extension.loaded().rows4(x2.contiguous(), self.packed, self.dmins, self.scs, bias,
-                                           self.out_features, list(widths))
+                                           self.out_features, extension.amx_from(), list(widths))
 
 
 #: Bytes of one Q4_K block (256 values): d, dmin (float16), 12 bytes of packed 6-bit sc and m, 128 of nibbles.

@@ -29,7 +29,7 @@ std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& pac
                                 bool per_pass, int64_t amx_from, const std::vector<int64_t>& widths);
 std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& dmins,
                                  const torch::Tensor& scs, const c10::optional<torch::Tensor>& bias, int64_t N,
-                                 const std::vector<int64_t>& widths);
+                                 int64_t amx_from, const std::vector<int64_t>& widths);
 torch::Tensor row_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                             const torch::Tensor& starts, const torch::Tensor& ends,
                             const c10::optional<torch::Tensor>& mask, double scale);
@@ -83,7 +83,7 @@ std::vector<torch::Tensor> linear_parts(const std::vector<Linear>& linears, cons
   KernelThreads kernel(threads);
   std::vector<torch::Tensor> parts;
   for (const auto& l : linears) {
-    auto ys = l.kind == 4 ? rows4(x2, l.a, l.b, l.c, l.bias, l.N, l.widths)
+    auto ys = l.kind == 4 ? rows4(x2, l.a, l.b, l.c, l.bias, l.N, amx_from, l.widths)
                           : rows(x2, l.a, l.b, l.c, l.bias, l.N, false, amx_from, l.widths);
     parts.insert(parts.end(), ys.begin(), ys.end());
   }

@@ -12,8 +12,14 @@
 // times the s8 activations); every output element then folds its sub-blocks in in a fixed order,
 // f = fma(float(acc), d * sc, f); f = f - float(sum of x_q) * (dmin * m), and y = f * (max|x| / 127) + bias. The
 // same operations on the same numbers whatever else shares the pass: a row's output depends on its own input only.
+//
+// Where the CPU has AMX, a pass of AMX4_FROM rows or more takes a sub-block's int32 sums from AMX tiles instead
+// (TDPBSUD: the s8 activations, 16 rows x 32 columns, times the weights' nibbles, which are a tile's VNNI layout as
+// they stand: 4 input columns x 16 output columns a 64-byte row): the same exact sums, folded in the same order, so
+// the same bits (tested), with one tile instruction per 16 rows x 16 columns x 32 inputs where vpdpbusd needs 128.
 #include <torch/extension.h>
 #include "output_parts.h"
+#include "amx_tiles.h"
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
@@ -30,6 +36,8 @@ constexpr int64_t SUB = 32;      // input columns per sub-block (one sc, one m)
 constexpr int64_t SUPER = 256;   // input columns per super-block (one d, one dmin)
 constexpr int64_t ROWS4 = 8;     // activation rows per weight read
 constexpr int64_t PREFETCH4 = 1024;
+constexpr int64_t AMX4_FROM = 16;  // the fewest rows a pass runs on AMX tiles (measured on the AMX Xeon)
+constexpr int64_t AMX4_ROWS = 16, AMX4_CHUNK = 64;  // rows per A tile; rows a pass over a group's weights takes
 
 // x [M, K] -> xq [M, Kp] int8 (round(x * (1 / max|x|) * 127), the int8 kernel's arithmetic; zero padding),
 // sr [M] (max|x| / 127) and xsum [M, Kp / 32] (each sub-block's sum of xq, exact).
@@ -62,6 +70,16 @@ void quantize_rows4(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq
 __attribute__((target("avx512f")))
 inline __m512 bytes_ps(const uint8_t* p) {  // 16 uint8 -> 16 float32
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Row m's float sums for the 16 output columns n on (fewer at the end): y = f * sr + bias, into its part (both
+// paths end here, so their bits are the same).
+__attribute__((target("avx512f")))
+inline void store_sums(__m512 f, float sr, const float* bias, const Out& out, int64_t m, int64_t n) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(out.end - n, 16)) - 1);
+  __m512 y = _mm512_mul_ps(f, _mm512_set1_ps(sr));
+  if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, bias + n));
+  _mm512_mask_storeu_ps(out.y + m * out.ld + (n - out.start), mask, y);
 }
 
 template <int MB>
@@ -111,18 +129,107 @@ void group_rows4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int6
       }
     }
   }
-  for (int h = 0; h < 2; ++h) {
-    const int64_t n = n0 + 16 * h;
-    if (n >= out.end) break;
-    const int64_t count = std::min<int64_t>(out.end - n, 16);
-    const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
-    for (int m = 0; m < MB; ++m) {
-      __m512 y = _mm512_mul_ps(in_registers ? fr[m][h] : _mm512_load_ps(fm[m][h]), _mm512_set1_ps(sr[m]));
-      if (bias) y = _mm512_add_ps(y, b);
-      _mm512_mask_storeu_ps(out.y + (m0 + m) * out.ld + (n - out.start), mask, y);
+  for (int h = 0; h < 2 && n0 + 16 * h < out.end; ++h)
+    for (int m = 0; m < MB; ++m)
+      store_sums(in_registers ? fr[m][h] : _mm512_load_ps(fm[m][h]), sr[m], bias, out, m0 + m, n0 + 16 * h);
+}
+
+// ---- AMX: a sub-block's exact sums through tiles ----
+
+// Two sets of tiles, one tile block's sums in the one while the other's fold (the fold waits on its tile stores):
+// tiles 0, 1 and 5, 6: the sums (16 rows x 16 int32, output columns 0-15 and 16-31); 2 and 7: the activations (16
+// rows x 32 bytes); 3, 4: the sub-block's weights (8 lanes x 64 bytes: the low nibbles, the high ones).
+void configure_tiles4() {
+  const uint8_t rows[8] = {AMX4_ROWS, AMX4_ROWS, AMX4_ROWS, SUB / 4, SUB / 4, AMX4_ROWS, AMX4_ROWS, AMX4_ROWS};
+  const uint16_t colsb[8] = {64, 64, SUB, 64, 64, 64, 64, SUB};
+  configure(rows, colsb, 8);
+}
+
+// One tile block's exact sums into acc [2][16][16]: tiles C0, C1 the sums, A the activations (16 rows of xq at a
+// stride of Kp), 3 and 4 the weights. (A macro: gcc's tile intrinsics take the tile numbers as literals.)
+#define SPECDEC_TILE_SUMS(NAME, C0, C1, A)                                    \
+  __attribute__((target("amx-tile,amx-int8")))                               \
+  inline void NAME(const int8_t* x, int64_t Kp, int32_t* acc) {               \
+    _tile_zero(C0);                                                           \
+    _tile_zero(C1);                                                           \
+    _tile_loadd(A, x, Kp);                                                    \
+    _tile_dpbsud(C0, A, 3);                                                   \
+    _tile_dpbsud(C1, A, 4);                                                   \
+    _tile_stored(C0, acc, 64);                                                \
+    _tile_stored(C1, acc + AMX4_ROWS * 16, 64);                               \
+  }
+SPECDEC_TILE_SUMS(tile_sums0, 0, 1, 2)
+SPECDEC_TILE_SUMS(tile_sums1, 5, 6, 7)
+
+// A tile block's sums waiting to be folded: its rows [first, end) of the chunk, its sub-block, scales and buffer.
+struct Pending4 {
+  int64_t first = 0, end = 0, j = 0;
+  __m512 scale[2], mins[2];
+  const int32_t* acc = nullptr;
+};
+
+// f[m][h] = f - xs * mins + sums * scale for the pending block's rows: group_rows4's fold, operation for operation.
+__attribute__((target("avx512f")))
+inline void fold4(const Pending4& p, const int32_t* xsum, int64_t Kp, int64_t m0, float (*f)[2][16]) {
+  for (int64_t m = p.first; m < p.end; ++m) {
+    const __m512 xs = _mm512_set1_ps(static_cast<float>(xsum[(m0 + m) * (Kp / SUB) + p.j]));
+    for (int h = 0; h < 2; ++h) {
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_load_si512(p.acc + (h * AMX4_ROWS + m - p.first) * 16));
+      const __m512 t = _mm512_fmadd_ps(sums, p.scale[h], _mm512_load_ps(f[m][h]));
+      _mm512_store_ps(f[m][h], _mm512_fnmadd_ps(xs, p.mins[h], t));
     }
   }
+}
+
+// One group of 32 output columns for `rows` (<= AMX4_CHUNK) activation rows m0 on; xq holds whole tiles of
+// AMX4_ROWS rows (zeros past M); tiles configured (configure_tiles4). Per sub-block, per 16 rows, the sums fold into
+// f exactly as group_rows4 folds them, in the same order.
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
+void group_amx4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp, const int8_t* xq, int64_t rows,
+                const int32_t* xsum, const float* sr, const float* bias, const Out& out, int64_t m0, int64_t n0) {
+  alignas(64) float f[AMX4_CHUNK][2][16];
+  alignas(64) uint8_t wb[2][SUB / 4][64];  // the sub-block's weights: columns 0-15 (low nibbles), 16-31 (high)
+  alignas(64) int32_t acc[2][2 * AMX4_ROWS * 16];  // per tile set: a block's sums, columns 0-15 then 16-31
+  for (int64_t m = 0; m < rows; ++m)
+    for (int h = 0; h < 2; ++h) _mm512_store_ps(f[m][h], _mm512_setzero_ps());
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  Pending4 pending;
+  int set = 0;  // the tile set of the next block
+  for (int64_t b = 0; b < Kp / SUPER; ++b) {
+    const __m256i* dp = reinterpret_cast<const __m256i*>(dg + b * 2 * GROUP4);
+    const __m512 d[2] = {_mm512_cvtph_ps(_mm256_loadu_si256(dp)), _mm512_cvtph_ps(_mm256_loadu_si256(dp + 1))};
+    const __m512 dmin[2] = {_mm512_cvtph_ps(_mm256_loadu_si256(dp + 2)), _mm512_cvtph_ps(_mm256_loadu_si256(dp + 3))};
+    for (int64_t j = b * (SUPER / SUB); j < (b + 1) * (SUPER / SUB); ++j) {
+      const uint8_t* p = wg + j * (SUB / 4) * 64;
+      for (int64_t lane = 0; lane < SUB / 4; ++lane) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + lane * 64 + PREFETCH4), _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(p + lane * 64);
+        _mm512_store_si512(wb[0][lane], _mm512_and_si512(v, low));
+        _mm512_store_si512(wb[1][lane], _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+      }
+      _tile_loadd(3, wb[0], 64);
+      _tile_loadd(4, wb[1], 64);
+      const uint8_t* sm = sg + j * 2 * GROUP4;  // [sc 32, m 32]
+      Pending4 next;
+      for (int h = 0; h < 2; ++h) {
+        next.scale[h] = _mm512_mul_ps(d[h], bytes_ps(sm + 16 * h));
+        next.mins[h] = _mm512_mul_ps(dmin[h], bytes_ps(sm + 32 + 16 * h));
+      }
+      next.j = j;
+      for (int64_t t = 0; t < rows; t += AMX4_ROWS) {
+        const int8_t* x = xq + (m0 + t) * Kp + j * SUB;
+        if (set) tile_sums1(x, Kp, acc[1]);
+        else tile_sums0(x, Kp, acc[0]);
+        if (pending.acc) fold4(pending, xsum, Kp, m0, f);  // (the block before, while this one's sums come)
+        next.first = t, next.end = std::min(rows, t + AMX4_ROWS), next.acc = acc[set];
+        pending = next;
+        set ^= 1;
+      }
+    }
+  }
+  fold4(pending, xsum, Kp, m0, f);
+  for (int h = 0; h < 2 && n0 + 16 * h < out.end; ++h)
+    for (int64_t m = 0; m < rows; ++m) store_sums(_mm512_load_ps(f[m][h]), sr[m0 + m], bias, out, m0 + m, n0 + 16 * h);
 }
 
 using GroupFn4 = void (*)(const uint8_t*, const c10::Half*, const uint8_t*, int64_t, const int8_t*, const int32_t*,
@@ -141,10 +248,11 @@ void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, cons
 
 // x [M, K] float32; packed [N32 / 32, Kp / 4, 64] uint8, dmins [N32 / 32, Kp / 256, 64] float16 (d 32, dmin 32),
 // scs [N32 / 32, Kp / 32, 64] uint8 (sc 32, m 32); bias [N] or None -> one float32 [M, w_i] per part of `widths`
-// (empty: one part of N columns; each part but the last starting at a multiple of 32 columns).
+// (empty: one part of N columns; each part but the last starting at a multiple of 32 columns). amx_from: 0 never
+// uses AMX tiles; else passes of at least max(amx_from, AMX4_FROM) rows do where the CPU has them (the same bits).
 std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& dmins,
                                  const torch::Tensor& scs, const c10::optional<torch::Tensor>& bias, int64_t N,
-                                 const std::vector<int64_t>& widths) {
+                                 int64_t amx_from, const std::vector<int64_t>& widths) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous float32 [M, K]");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 64 && packed.scalar_type() == torch::kByte &&
               packed.is_contiguous(), "packed: [N/32, K/4, 64] uint8");
@@ -156,10 +264,11 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   std::vector<Out> outs;  // per group: its part
   auto ys = output_parts(x, M, N, groups, widths, GROUP4, "rows4", bias, outs);
   if (M == 0) return ys;
-  std::vector<int8_t> xq(M * Kp);
+  const bool avx2 = use_avx2();
+  const bool amx = !avx2 && amx_from > 0 && M >= std::max(amx_from, AMX4_FROM) && has_amx();
+  std::vector<int8_t> xq((amx ? (M + AMX4_ROWS - 1) / AMX4_ROWS * AMX4_ROWS : M) * Kp);  // (zeros: whole tiles)
   std::vector<float> sr(M);
   std::vector<int32_t> xsum(M * (Kp / SUB));
-  const bool avx2 = use_avx2();
   (avx2 ? quantize_rows4_avx2 : quantize_rows4)(x.data_ptr<float>(), M, K, Kp, xq.data(), sr.data(), xsum.data());
   const uint8_t* W = packed.data_ptr<uint8_t>();
   const c10::Half* D = dmins.data_ptr<c10::Half>();
@@ -168,6 +277,17 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   // a pass of up to 8 rows reads each weight once; a longer one (a prefill) goes 4 rows at a time, its float
   // sums in registers (measured on the AVX-512 EPYC: 130 rows 20% faster so, 5 rows 10% slower)
   const int64_t step = M <= ROWS4 ? ROWS4 : 4;
+  if (amx) {
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      configure_tiles4();
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t m0 = 0; m0 < M; m0 += AMX4_CHUNK)
+          group_amx4(W + g * Kp / 4 * 64, D + g * Kp / SUPER * 64, S + g * Kp / SUB * 64, Kp, xq.data(),
+                     std::min(AMX4_CHUNK, M - m0), xsum.data(), sr.data(), bp, outs[g], m0, g * GROUP4);
+      release_tiles();
+    });
+    return ys;
+  }
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t m0 = 0; m0 < M; m0 += avx2 ? M : step) {  // (the AVX2 code takes its own row chunks)

@@ -16,6 +16,7 @@
 // does 16 times the products per instruction, so a verification pass of 8 rows or a prefill stays memory-bound.
 #include <torch/extension.h>
 #include "output_parts.h"
+#include "amx_tiles.h"
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -93,22 +94,11 @@ bool amx_ready() {
   return ready;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0, 1: the accumulators (rows x 16 int32); 2: the activations (rows x 64 bytes); 3, 4: the weights (16 x 64).
-__attribute__((target("amx-tile")))
 void configure_tiles(int64_t rows) {
-  TileConfig cfg;
-  for (int t = 0; t < 5; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = static_cast<uint8_t>(t < 3 ? rows : 16);
-  }
-  asm volatile("" : : "r"(&cfg) : "memory");  // gcc's ldtilecfg names 8 bytes of cfg: keep the other stores
-  _tile_loadconfig(&cfg);
+  const uint8_t r = static_cast<uint8_t>(rows), tile_rows[5] = {r, r, r, 16, 16};
+  const uint16_t colsb[5] = {64, 64, 64, 64, 64};
+  configure(tile_rows, colsb, 5);
 }
 
 // One group of 32 output columns for `rows` (<= 16) activation rows; K4 a multiple of 64; tiles configured.
@@ -136,9 +126,6 @@ void group_amx(const int8_t* wg, int64_t KB, const uint8_t* xu, int64_t K4, int6
       store_row(_mm512_load_si512(acc[h][m]), cs, sq, s[m], bias, out, m0 + m, n0 + 16 * h);
   }
 }
-
-__attribute__((target("amx-tile")))
-void release_tiles() { _tile_release(); }
 
 // x [M, K] -> xu [M, K4] (q + 128; the padding holds 128, i.e. 0) and s [M] (the row scales). Vectorized, with the
 // scalar arithmetic's bits: the maximum is exact in any order, and x * inv rounded half to even (roundscale in the
@@ -273,7 +260,7 @@ std::vector<torch::Tensor> pack(const std::vector<torch::Tensor>& parts) {
 // Defined in int4_gemm_avx512.cpp, attention_avx512.cpp, decoder_step.cpp and gemm_avx2.cpp (the same extension).
 std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& dmins,
                                  const torch::Tensor& scs, const c10::optional<torch::Tensor>& bias, int64_t N,
-                                 const std::vector<int64_t>& widths);
+                                 int64_t amx_from, const std::vector<int64_t>& widths);
 std::vector<torch::Tensor> quantize4(const torch::Tensor& weight);
 std::vector<torch::Tensor> layout4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& dmin,
                                    const torch::Tensor& sc, const torch::Tensor& m);
