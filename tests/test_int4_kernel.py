@@ -54,13 +54,14 @@ def test_rows_multiply_by_the_dequantized_weight_and_each_depends_on_its_own_inp
 def test_the_amx_path_gives_the_vnni_paths_bits(n, k, monkeypatch):
     """Where the CPU has AMX, passes of 16 rows or more take each sub-block's int32 sums from tiles: the same exact
     sums folded in the same order, so the AVX-512 path's bits and each row's own bits alone, over one 16-row tile
-    block, a full one and one row (padded to a tile), several, and more than one 64-row chunk."""
+    block, blocks and a tail of up to 4 rows (on vpdpbusd), a tail of more (a padded block), several blocks, and
+    more than one 64-row chunk."""
     if not extension.has_amx():
         pytest.skip("this CPU has no AMX (or Linux does not let the process use it): only the AVX-512 path runs")
     torch.manual_seed(n * k)
     weight, bias = Int4Weight.quantize(torch.randn(n, k) * torch.logspace(-2, 0, k)), torch.randn(n)
     x = torch.randn(130, k) * torch.logspace(-2, 2, 130).unsqueeze(1)
-    for m in (16, 17, 33, 64, 65, 130):
+    for m in (16, 17, 20, 21, 33, 64, 65, 130):
         rows = x[:m].contiguous()
         monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "1")
         tiles = weight.rows(rows, bias=bias)

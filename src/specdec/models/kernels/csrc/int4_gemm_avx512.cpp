@@ -38,6 +38,7 @@ constexpr int64_t ROWS4 = 8;     // activation rows per weight read
 constexpr int64_t PREFETCH4 = 1024;
 constexpr int64_t AMX4_FROM = 16;  // the fewest rows a pass runs on AMX tiles (measured on the AMX Xeon)
 constexpr int64_t AMX4_ROWS = 16, AMX4_CHUNK = 64;  // rows per A tile; rows a pass over a group's weights takes
+constexpr int64_t AMX4_TAIL = 4;  // rows past whole tile blocks that go on vpdpbusd rather than in a padded block
 
 // x [M, K] -> xq [M, Kp] int8 (round(x * (1 / max|x|) * 127), the int8 kernel's arithmetic; zero padding),
 // sr [M] (max|x| / 127) and xsum [M, Kp / 32] (each sub-block's sum of xq, exact).
@@ -277,13 +278,21 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   // a pass of up to 8 rows reads each weight once; a longer one (a prefill) goes 4 rows at a time, its float
   // sums in registers (measured on the AVX-512 EPYC: 130 rows 20% faster so, 5 rows 10% slower)
   const int64_t step = M <= ROWS4 ? ROWS4 : 4;
-  if (amx) {
+  if (amx) {  // whole tile blocks; a tail of up to AMX4_TAIL rows on vpdpbusd (a tile block costs as much as 16)
+    const int64_t tiled = M % AMX4_ROWS <= AMX4_TAIL ? M / AMX4_ROWS * AMX4_ROWS : M;
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
       configure_tiles4();
-      for (int64_t g = g0; g < g1; ++g)
-        for (int64_t m0 = 0; m0 < M; m0 += AMX4_CHUNK)
-          group_amx4(W + g * Kp / 4 * 64, D + g * Kp / SUPER * 64, S + g * Kp / SUB * 64, Kp, xq.data(),
-                     std::min(AMX4_CHUNK, M - m0), xsum.data(), sr.data(), bp, outs[g], m0, g * GROUP4);
+      for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* wg = W + g * Kp / 4 * 64;
+        const c10::Half* dg = D + g * Kp / SUPER * 64;
+        const uint8_t* sg = S + g * Kp / SUB * 64;
+        for (int64_t m0 = 0; m0 < tiled; m0 += AMX4_CHUNK)
+          group_amx4(wg, dg, sg, Kp, xq.data(), std::min(AMX4_CHUNK, tiled - m0), xsum.data(), sr.data(), bp, outs[g],
+                     m0, g * GROUP4);
+        if (tiled < M)  // (the group's weights are in cache now)
+          GROUP_FNS4[M - tiled](wg, dg, sg, Kp, xq.data() + tiled * Kp, xsum.data() + tiled * (Kp / SUB),
+                                sr.data() + tiled, bp, outs[g], tiled, g * GROUP4);
+      }
       release_tiles();
     });
     return ys;
