@@ -12,6 +12,7 @@ import torch
 import specdec
 from specdec.models.kernels import extension
 from specdec.models.quantized.int4 import Int4Linear, Int4Weight
+from test_int8_kernel import tiles_against_vpdpbusd
 from test_quantize import PROMPT, SEQ, quantized_copy, steps_and_block
 from tiny import load_tiny, perturbed, tiny_gemma3
 
@@ -63,12 +64,7 @@ def test_the_amx_path_gives_the_vnni_paths_bits(n, k, monkeypatch):
     x = torch.randn(130, k) * torch.logspace(-2, 2, 130).unsqueeze(1)
     for m in (16, 17, 20, 21, 33, 64, 65, 130):
         rows = x[:m].contiguous()
-        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "1")
-        tiles = weight.rows(rows, bias=bias)
-        alone = torch.cat([weight.rows(rows[i:i + 1].contiguous(), bias=bias) for i in range(m)])
-        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "0")
-        assert torch.equal(tiles, weight.rows(rows, bias=bias))
-        assert torch.equal(tiles, alone)
+        tiles = tiles_against_vpdpbusd(weight, rows, bias, monkeypatch)
         ref = reference(rows, weight, bias)
         assert float((tiles.double() - ref).abs().max() / ref.abs().max()) < 1e-5
 

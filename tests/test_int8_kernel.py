@@ -66,13 +66,20 @@ def test_the_amx_path_gives_the_vnni_paths_bits(n, k, monkeypatch):
     x = torch.randn(33, k) * torch.logspace(-2, 2, 33).unsqueeze(1)
     for m in (2, 8, 16, 17, 33):
         rows = x[:m].contiguous()
-        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "1")
-        tiles = weight.rows(rows, bias=bias)
-        alone = torch.cat([weight.rows(rows[i:i + 1].contiguous(), bias=bias) for i in range(m)])
-        monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "0")
-        assert torch.equal(tiles, weight.rows(rows, bias=bias))
-        assert torch.equal(tiles, alone)
+        tiles = tiles_against_vpdpbusd(weight, rows, bias, monkeypatch)
         assert torch.equal(tiles, reference(rows, qweight, bias))
+
+
+def tiles_against_vpdpbusd(weight, rows: torch.Tensor, bias: torch.Tensor, monkeypatch) -> torch.Tensor:
+    """``weight.rows(rows)`` on AMX tiles (``SPECDEC_INT8_AMX_FROM=1``), asserted bit for bit equal to the AVX-512
+    path's (``0``) and to each row's own output alone; returns it (for the GEMM's own reference)."""
+    monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "1")
+    tiles = weight.rows(rows, bias=bias)
+    alone = torch.cat([weight.rows(rows[i:i + 1].contiguous(), bias=bias) for i in range(rows.shape[0])])
+    monkeypatch.setenv("SPECDEC_INT8_AMX_FROM", "0")
+    assert torch.equal(tiles, weight.rows(rows, bias=bias))
+    assert torch.equal(tiles, alone)
+    return tiles
 
 
 def test_a_bad_amx_row_count_is_refused(monkeypatch):
