@@ -12,7 +12,7 @@ import specdec
 from specdec.batch.engine import BatchEngine
 from specdec.config import GenerationConfig
 from specdec.drafters.base import Draft, DraftContext, DrafterBase
-from specdec.drafters.prediction import MIN_MATCH, PredictionDrafter, align, replace_all
+from specdec.drafters.prediction import MIN_MATCH, RESYNC_REACH, YOUNG, PredictionDrafter, align, replace_all
 from specdec.errors import SpecDecError
 from specdec.sampling import SamplingParams
 from stats_util import chi_square_pvalue
@@ -127,15 +127,44 @@ def test_a_one_off_edit_is_learned_back_where_the_output_keeps_the_old_text():
 
 @pytest.mark.parametrize("truth_kind", ["correct", "new line"])
 def test_the_configured_draft_starts_only_where_the_prediction_and_copying_run_out(truth_kind):
-    """On the prediction (and a few tokens off it, which copying from the context drafts) the configured draft is
-    never started, so a model draft's prompt prefill is not paid; an inserted line of new text starts it."""
+    """On the prediction (and up to YOUNG tokens off it, which copying from the context drafts) the configured draft
+    is never started, so a model draft's catch-up is not paid; an inserted block of new text longer than that
+    starts it."""
     prediction = _file(NAME)
-    new_line = [90, 91, 92, 93, 94, 95, 96, 97, 5]
+    new_line = list(range(60, 61 + YOUNG)) + [5]
     truth = (prediction if truth_kind == "correct" else prediction[:11] + new_line + prediction[11:]) + [99]
     drafter = PredictionDrafter(prediction, inner=_Recording())
     _decode(drafter, RENAME, truth)
     assert drafter.inner.starts == (0 if truth_kind == "correct" else 1)
     assert drafter.stats().levels == []
+
+
+@pytest.mark.parametrize("inserted", [2, YOUNG - 2])
+def test_a_short_insertion_is_written_without_the_configured_draft(inserted):
+    """A new line of up to YOUNG tokens (a guard statement) is the target's own steps (or copying), not the draft
+    model's: its catch-up costs more than such a line gains."""
+    prediction = _file(NAME)
+    truth = prediction[:11] + list(range(60, 60 + inserted)) + [5] + prediction[11:] + [99]
+    drafter = PredictionDrafter(prediction, inner=_Recording())
+    _decode(drafter, RENAME, truth)
+    assert drafter.inner.starts == 0 and drafter.departures == 1
+
+
+def test_a_rejoin_found_by_alignment_far_from_the_departure_proposes_short_until_confirmed():
+    """The output leaves the prediction, writes new text, and rejoins it past the re-synchronisation window (a
+    replaced stretch): the longest-suffix alignment finds it, and its first proposal there is at most RESYNC_REACH
+    (a three-token match far away can be chance); once confirmed the proposals grow again."""
+    prediction = list(range(100, 160))  # 60 distinct tokens
+    truth = prediction[:20] + [60, 61, 62, 63] + prediction[40:] + [99]  # 20 predicted tokens replaced by 4 new
+    drafter = PredictionDrafter(prediction, inner=None)
+    drafter.start(DraftContext([1, 2], SamplingParams(), torch.Generator(), 100, max_positions=200))
+    sequence = [1, 2] + truth[:27]  # the new text and three tokens of the prediction's 40-42
+    drafter.rounds, drafter.alpha, drafter.left = 3, 0.999, (20, 20)
+    assert drafter.reach(sequence, 4) == RESYNC_REACH
+    draft = drafter.propose(sequence, RESYNC_REACH).tokens.tolist()
+    assert draft == prediction[43: 43 + RESYNC_REACH]
+    drafter.update(RESYNC_REACH)
+    assert drafter.reach(sequence + draft + [prediction[43 + RESYNC_REACH]], 4) > RESYNC_REACH
 
 
 @pytest.fixture(scope="module")

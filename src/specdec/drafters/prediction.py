@@ -38,7 +38,10 @@ LONE_WINDOW = 3  # one this close (an insertion, a short change: a lone indent f
 RESYNC_REACH = 8  # the first proposal after such a short match proposes at most this many
 EDIT_CONTEXT = 2  # tokens before a departure that place a learned edit (a renamed name's last pieces)
 MAX_EDIT = 16  # a learned edit this short (each side) is made wherever its text comes again
-YOUNG = 6  # tokens off the prediction drafted by prompt lookup (or none) before the configured draft drafts
+# tokens off the prediction drafted by prompt lookup (or none) before the configured draft drafts: a short insertion
+# (a guard statement, 15-20 tokens) costs a model draft its catch-up feed (0.5-0.7 s on the AMX Xeon) and rounds
+# slower than the target's own steps; measured in docs/predicted_outputs.md
+YOUNG = 24
 ALPHA_PRIOR, ALPHA_WEIGHT = 0.95, 10  # the prediction's per-token acceptance before it has been checked
 
 
@@ -144,6 +147,7 @@ class PredictionDrafter(InFront):
             found = _match(output, self.prediction, self.anchor)
             if found is not None and self.left is not None:
                 found = self._rejoin(output, *found)
+                self.resynced = True  # (found again elsewhere: not yet confirmed either)
         at = None if found is None else found[0]
         return at if at is not None and at < len(self.prediction) else None
 
