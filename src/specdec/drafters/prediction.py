@@ -42,7 +42,9 @@ MAX_EDIT = 16  # a learned edit this short (each side) is made wherever its text
 # (a guard statement, 15-20 tokens) costs a model draft its catch-up feed (0.5-0.7 s on the AMX Xeon) and rounds
 # slower than the target's own steps; measured in docs/predicted_outputs.md
 YOUNG = 24
-ALPHA_PRIOR, ALPHA_WEIGHT = 0.95, 10  # the prediction's per-token acceptance before it has been checked
+# the prediction's per-token acceptance before it has been checked: an edit departs from it once or twice in 100-700
+# tokens (docs/predicted_outputs.md); 0.95 held the first proposals at 7-26 tokens after an early departure
+ALPHA_PRIOR, ALPHA_WEIGHT = 0.99, 10
 
 
 def align(output: Sequence[int], prediction: Sequence[int], anchor: int = 0) -> int | None:
