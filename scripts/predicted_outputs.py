@@ -154,8 +154,7 @@ def main() -> int:
     from specdec.sweeps.machine import machine_info
 
     doc = {"machine": None, "requests": args.n, "source": args.source, "max_tokens": args.max_tokens,
-           "edits": args.edits.split(","),
-           "paths": {}}
+           "edits": args.edits.split(","), "paths": {}}
     for path in args.paths.split(","):
         if path == "generate":
             rows = through_generate(requests, args.max_tokens)

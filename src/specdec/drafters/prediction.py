@@ -6,9 +6,11 @@ Each round the output so far is aligned with the predicted tokens: where its las
 where the last round left off, so that a repeated line keeps its order), the tokens that follow there are
 proposed, many at once where the prediction has been right (:meth:`PredictionDrafter.reach`: it costs no draft
 model, only a wider verification). A rejected token leaves the output off the prediction until its last tokens
-occur in it again: an inserted line is drafted by the configured draft, and where the output rejoins the
-prediction (the line after it, the rest of a changed name) the prediction drafts again: within a few tokens of
-where the output left it a match of one or two tokens is enough (:meth:`PredictionDrafter.resync`). There the
+occur in it again: an inserted line is drafted by copying from the context or written by the target's own steps
+(up to ``YOUNG`` tokens; a longer insertion by the configured draft, whose catch-up a short one does not repay),
+and where the output rejoins the prediction (the line after it, the rest of a changed name) the prediction drafts
+again: within a few tokens of where the output left it a match of one or two tokens is enough
+(:meth:`PredictionDrafter.resync`), its first proposal there short until confirmed. There the
 prediction learns the edit: the stretch the output wrote in place of the predicted one is spliced in, and, where
 it is short, made wherever the same text comes again (a renamed function's later calls, its docstring's
 examples), so that an edit made once is drafted, not departed from, the next time. Proposals are one-hot drafts
