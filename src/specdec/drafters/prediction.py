@@ -151,7 +151,6 @@ class PredictionDrafter(InFront):
             found = _match(output, self.prediction, self.anchor)
             if found is not None and self.left is not None:
                 found = self._rejoin(output, *found)
-                self.resynced = True  # (found again elsewhere: not yet confirmed either)
         at = None if found is None else found[0]
         return at if at is not None and at < len(self.prediction) else None
 
@@ -167,7 +166,6 @@ class PredictionDrafter(InFront):
             tail = list(output[len(output) - size:])
             for i in range(at, min(at + window, len(self.prediction) - size + 1)):
                 if self.prediction[i: i + size] == tail:
-                    self.resynced = True
                     return self._rejoin(output, i + size, size)
         return None
 
@@ -179,6 +177,7 @@ class PredictionDrafter(InFront):
         wherever its text comes again after it. Returns the (end, size) in the edited prediction."""
         at, since = self.left  # type: ignore[misc]
         self.left = None
+        self.resynced = True  # (its first proposal is short until the target confirms it)
         start, written = end - size, len(output) - size  # the stretches replaced: prediction[at:start], output[since:written]
         if start < at or written < since:  # (the match reaches back before the departure: nothing to learn)
             return end, size
@@ -214,6 +213,10 @@ class PredictionDrafter(InFront):
             return max(1.0, (line[0] + line[1] * tokens) / one[0])
         return max(1.0, PASS_COST_BASE + PASS_COST_PER_TOKEN * tokens)
 
+    def _young(self, sequence: Sequence[int]) -> bool:
+        """Off the prediction for at most :data:`YOUNG` tokens (copying or the target's own steps write them)."""
+        return self.left is not None and len(sequence) - self.prompt_length - self.left[1] <= YOUNG
+
     def reach(self, sequence: Sequence[int], gamma: int) -> int:
         """How many tokens to propose this round, given the schedule's ``gamma``: with the output on the prediction,
         the k Theorem 8 favours when a draft costs nothing (c = 0): the most expected tokens, E(alpha, k) =
@@ -222,8 +225,8 @@ class PredictionDrafter(InFront):
         has one: copying first, else ``gamma``)."""
         at = self._position(sequence)
         if at is None:
-            young = self.left is not None and len(sequence) - self.prompt_length - self.left[1] <= YOUNG
-            inner_reach = getattr(self._inner, "reach", None) if self._inner_started and not young else None
+            drafts = self._inner_started and not self._young(sequence)
+            inner_reach = getattr(self._inner, "reach", None) if drafts else None
             return inner_reach(sequence, gamma) if inner_reach is not None else gamma
         if not self.rounds:
             return max(gamma, FIRST_REACH)
@@ -249,7 +252,7 @@ class PredictionDrafter(InFront):
         self._from_lookup = False
         if self.inner is None or k <= 0:  # (no draft configured: nothing; a batch row: the batch's draft drafts)
             return Draft.empty(self.context.device)
-        if self.left is not None and len(sequence) - self.prompt_length - self.left[1] <= YOUNG:
+        if self._young(sequence):
             # just off the prediction (a changed name, a comment added): copying from the context, free, or a plain
             # step, until the output rejoins it; only a longer departure (new text) pays for the draft model
             self._from_lookup = True
