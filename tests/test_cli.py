@@ -259,6 +259,27 @@ def test_a_draft_is_resolved_once(model_dir, monkeypatch):
     assert specdec.generate(target, "w1 w2 w3", draft="none", max_new_tokens=8).token_ids == plain.token_ids
 
 
+def test_the_cli_gives_the_default_draft_the_gamma_of_this_cpu(monkeypatch):
+    """generate and serve without --gamma: the default draft drafts DEFAULT_GAMMA_AVX2 where the kernels run their AVX2
+    code, DEFAULT_GAMMA elsewhere; --gamma, or a draft named, keeps the config's way."""
+    from specdec.cli.models import gamma_of
+    from specdec.config import DEFAULT_GAMMA, DEFAULT_GAMMA_AVX2, default_gamma
+    from specdec.models.kernels import extension
+
+    def parse(command, *extra):
+        return cli.build_parser().parse_args([command, *(["x"] if command == "generate" else []), "--device", "cpu",
+                                              *extra])
+
+    for isa, gamma in (("avx2", DEFAULT_GAMMA_AVX2), ("avx512", DEFAULT_GAMMA), (None, DEFAULT_GAMMA)):
+        monkeypatch.setattr(extension, "usable_isa", lambda isa=isa: isa)
+        assert default_gamma("cpu") == gamma
+        for command in ("generate", "serve"):
+            assert gamma_of(parse(command)) == gamma
+            assert gamma_of(parse(command, "--draft-quantize", "int8")) == gamma  # still the default draft's model
+            assert gamma_of(parse(command, "--gamma", "3")) == 3
+            assert gamma_of(parse(command, "--draft", "qwen2.5-coder-0.5b:int8")) is None  # the config's default
+
+
 def test_every_draft_drafts_a_constant_default_gamma_unless_told():
     """Every draft drafts 4 a round, constant, one sequence or a batch (adapting from 6 lost to it on every CPU
     measured, and in serve's batch engine at 1, 2 and 8 rows); a given gamma alone stays constant, as in the paper."""

@@ -5,7 +5,8 @@ draft, loaded once; dtype= gives the float model, draft=None plain decoding."""
 import pytest
 
 import specdec
-from specdec.config import DEFAULT_TARGET, default_draft, default_target_quantize, preset_draft
+from specdec.config import (DEFAULT_GAMMA, DEFAULT_GAMMA_AVX2, DEFAULT_TARGET, GenerationConfig, default_draft,
+                            default_target_quantize, preset_draft)
 
 PROMPT = "def fib(n):"
 
@@ -35,6 +36,29 @@ def test_generate_without_a_draft_drafts_with_the_default_draft_loaded_once(targ
     assert target.default_draft is drafts and again.token_ids == out.token_ids[:8]  # loaded once, kept
     batch = specdec.generate_batch(target, [PROMPT, "class Stack:"], max_new_tokens=12)
     assert batch[0].token_ids == out.token_ids[:12] and all(o.stats.drafted > 0 for o in batch)
+
+
+def test_the_default_draft_drafts_the_gamma_of_this_cpu_unless_one_is_given(target, monkeypatch):
+    """Where the kernels run their AVX2 code (verifying gamma + 1 tokens is dear there) the default draft's model
+    proposes DEFAULT_GAMMA_AVX2 tokens a round, elsewhere DEFAULT_GAMMA; a gamma or a config given keeps its own."""
+    from specdec.models.kernels import extension
+
+    def longest_model_proposal(**options):
+        rounds = []
+        out = specdec.generate(target, PROMPT, max_new_tokens=40, seed=0, on_round=rounds.append, **options)
+        return out, max(len(r.drafted) for r in rounds if r.source != "copy")  # (a copy's length is its own)
+
+    plain = specdec.generate(target, PROMPT, draft=None, max_new_tokens=40, seed=0)
+    for isa, gamma in (("avx2", DEFAULT_GAMMA_AVX2), ("avx512", DEFAULT_GAMMA), (None, DEFAULT_GAMMA)):
+        monkeypatch.setattr(extension, "usable_isa", lambda isa=isa: isa)
+        out, longest = longest_model_proposal()
+        assert longest == gamma and out.token_ids == plain.token_ids
+        assert longest_model_proposal(gamma=3)[1] == 3
+        rounds = []
+        specdec.generate(target, PROMPT, config=GenerationConfig(seed=0, max_new_tokens=40), on_round=rounds.append)
+        assert max(len(r.drafted) for r in rounds if r.source != "copy") == DEFAULT_GAMMA
+        assert specdec.generate_batch(target, [PROMPT], max_new_tokens=40)[0].token_ids == plain.token_ids
+    assert DEFAULT_GAMMA_AVX2 < DEFAULT_GAMMA
 
 
 def test_other_models_and_a_beam_search_keep_plain_decoding(target):

@@ -8,7 +8,8 @@ the server and the benchmarks share: none of them re-declares a default.
   drafted for by prompt lookup; unquantized on CUDA).
 - Speculation: every draft, one sequence or a batch, drafts :data:`DEFAULT_GAMMA` tokens a round, constant, unless
   gamma or the schedule is given (adapting from 6 lost to a constant 4 on every CPU measured: docs/cpu_default.md,
-  docs/serving.md).
+  docs/serving.md); the default draft on a CPU where the kernels run their AVX2 code :data:`DEFAULT_GAMMA_AVX2`
+  (:func:`default_gamma`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from specdec.models.formats.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # the 
 from specdec.models.formats.catalog import default_target_quantize
 from specdec.sampling import SamplingParams
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR",
-           "GenerationConfig", "default_draft", "default_target_quantize"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_GAMMA", "DEFAULT_GAMMA_AVX2", "DEFAULT_TARGET", "MAX_GAMMA_FLOOR",
+           "GenerationConfig", "default_draft", "default_gamma", "default_target_quantize"]
 
 # A draft's quantization changes speed and alpha, never the output. On CPU the default draft model runs in int4
 # where specdec's kernel runs (AVX-512 VNNI, or AVX2 with the same bits: half int8's bytes, a 0.5B step 0.6-0.7x
@@ -43,8 +44,26 @@ DEFAULT_GAMMA = 4
 # Every draft drafts a constant DEFAULT_GAMMA unless told otherwise, one sequence or a batch: adapting from 6 was
 # 0.90-0.97x constant 4 for a lone int8 or int4 0.5B on every CPU measured (docs/cpu_default.md, issue 39 point 4), and
 # in serve's batch engine 0.91-0.98x constant 4 at 1, 2 and 8 rows (docs/serving.md).
+# ... but the default draft drafts DEFAULT_GAMMA_AVX2 where the kernels run their AVX2 code (:func:`default_gamma`): on
+# an AVX2-only EPYC (Zen 3) a pass of 5 tokens costs 1.84x a one-token step (2 tokens 1.09x) and the int4 0.5B's step
+# 0.47 of one, so through the server gamma 4 lost to plain decoding (0.74-0.96x, two runs of completion and chat) where
+# gamma 2 won (1.06-1.19x): docs/serving.md.
+DEFAULT_GAMMA_AVX2 = 2
 # The varying schedules' upper bound on gamma when max_gamma is not given: max(MAX_GAMMA_FLOOR, gamma).
 MAX_GAMMA_FLOOR = 12
+
+
+def default_gamma(device: Any = None) -> int:
+    """The gamma of the default draft (:func:`default_draft`, :func:`preset_draft`) when none is asked: the CLI, the
+    server and the Python API's default draft. :data:`DEFAULT_GAMMA`, but :data:`DEFAULT_GAMMA_AVX2` on a CPU where
+    specdec's kernels run their AVX2 code (there a verification of gamma + 1 tokens is dear). A draft named, or a
+    :class:`GenerationConfig` built by the caller, keeps its own gamma."""
+    from specdec.devices import resolve_device
+    from specdec.models.kernels import extension
+
+    if resolve_device(device).type == "cpu" and extension.usable_isa() == "avx2":
+        return DEFAULT_GAMMA_AVX2
+    return DEFAULT_GAMMA
 
 
 def default_draft(device: Any = None) -> str:

@@ -18,12 +18,12 @@ out the last token, so the first round is a captured one too).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
 
-from specdec.config import DEFAULT, GenerationConfig, preset_draft
+from specdec.config import DEFAULT, GenerationConfig, default_gamma, preset_draft
 from specdec.devices import RoundClock, Stopwatch, new_generator
 from specdec.drafters import DraftContext, DraftPlan, plan_draft
 from specdec.drafters.forced import with_forced
@@ -98,6 +98,7 @@ def generate(
     At temperature 0 the tokens equal plain greedy decoding of the target; otherwise they follow the
     target's standardized distribution exactly (Leviathan et al., Appendix A.1).
     """
+    gamma_given = config is not None or options.get("gamma") is not None
     if config is None:
         config = GenerationConfig.from_options(**options)
     elif options:
@@ -106,6 +107,8 @@ def generate(
         _check_names(target, plan_draft(None))
         target = load(target)
         draft = preset_draft(target) if config.num_beams == 1 else None
+        if draft is not None and not gamma_given:  # the default draft's gamma on this device
+            config = replace(config, gamma=default_gamma(target.device))
     plan = plan_draft(draft)  # a draft is resolved once: parsed, checked, then loaded and built
     _check_names(target, plan)
     target = load(target)

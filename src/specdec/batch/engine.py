@@ -43,6 +43,7 @@ encoder-decoder targets, beam search.
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -58,7 +59,7 @@ from specdec.batch.prediction import propose_predictions
 from specdec.batch.copying import propose_copies
 from specdec.batch.fill import DEFAULT_CHUNK, chunk_size, drop_fill, fill, filled, follow_leave, start_fill
 from specdec.batch.row import MODEL, PAD, BatchRow, make_row, row_context
-from specdec.config import DEFAULT, GenerationConfig, preset_draft
+from specdec.config import DEFAULT, GenerationConfig, default_gamma, preset_draft
 from specdec.devices import RoundClock
 from specdec.drafters.base import Draft
 from specdec.drafters.plan import plan_draft
@@ -360,21 +361,19 @@ def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft
                    max_batch: int | None = None, max_positions: int | None = None, speculation: str = "measured",
                    **options: Any) -> list[Any]:
     """Generate a continuation of each prompt, all rows in one batched pass per round; one
-    :class:`~specdec.decoding.GenerationOutput` per prompt, in order, each equal to what
-    :func:`specdec.generate` gives for that prompt alone (see the module docstring).
+    :class:`~specdec.decoding.GenerationOutput` per prompt, in order, each what :func:`specdec.generate` gives it alone.
 
     draft: None (plain), one model with the target's tokenizer (loaded, a preset name, ``"name:int8"``), a
       hierarchy over one (its top model drafts for the batch's rows, all of it for a lone row), or a parameter-free
-      drafter name (each row gets its own); left to the default, the packaged target's default draft
-      (:func:`specdec.config.preset_draft`; plain for any other target).
-    config / options: the settings of every row (a :class:`GenerationConfig` or its fields as keywords);
-      configs: one per prompt instead (each its own sampling settings, seed, stop strings, max_new_tokens).
-    max_batch: rows at once (default: all prompts); further prompts join as rows finish.
-    speculation: how many tokens the model-drafted rows draft while two or more rows run (:data:`SPECULATION`):
-      "measured" (the default), "gate" or "rows".
+      drafter name (each row gets its own); left to the default, :func:`specdec.config.preset_draft` (plain for others).
+    config / options: the settings of every row (a :class:`GenerationConfig` or its fields as keywords; the default
+      draft's gamma on this device where none is given); configs: one per prompt instead (each its own settings).
+    max_batch: rows at once (default: all prompts); further prompts join as rows finish. speculation: how many
+      tokens the model-drafted rows draft while two or more rows run: "measured" (the default), "gate" or "rows".
     """
     if configs is not None and (config is not None or options):
         raise SpecDecError("pass either configs= (one per prompt) or config= / keyword options, not both")
+    gamma_given = configs is not None or config is not None or options.get("gamma") is not None
     if configs is None:
         one = config if config is not None else GenerationConfig.from_options(**options)
         configs = [one] * len(prompts)
@@ -387,6 +386,8 @@ def generate_batch(target: Any, prompts: Sequence[str | Sequence[int]], *, draft
     if isinstance(draft, str) and draft == DEFAULT:
         target = load(target)
         draft = preset_draft(target)
+        if draft is not None and not gamma_given:  # the default draft's gamma on this device
+            configs = [replace(configs[0], gamma=default_gamma(target.device))] * len(prompts)
     engine, row_draft = batch_engine(target, draft, configs, max_batch or len(prompts), max_positions, speculation)
     target = engine.target
     from specdec.decoding import prompt_token_ids

@@ -16,7 +16,8 @@ import time
 import warnings
 from typing import Sequence
 
-from specdec.cli.models import check_models, draft_label, draft_spec, load_models, native_models, target_quantization
+from specdec.cli.models import (check_models, draft_label, draft_spec, gamma_of, load_models, native_models,
+                                target_quantization)
 from specdec.cli.parser import SERVED_BATCH_CPU, SERVED_POSITIONS, build_parser
 from specdec.cli.serve import batch_engine, load_served, prepare_served_steps, serve_command
 
@@ -97,7 +98,7 @@ def _generate(args: argparse.Namespace) -> int:
     prediction = prediction_text(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     config = specdec.GenerationConfig.from_options(
-        gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        gamma=gamma_of(args), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, chat=args.chat,
         gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma, confidence=args.confidence,
         lenience=args.lenience, verification=args.verification, num_beams=args.num_beams,

@@ -28,6 +28,16 @@ def draft_spec(args: argparse.Namespace) -> str:
     return with_default_quantization(spec, method)
 
 
+def gamma_of(args: argparse.Namespace) -> int | None:
+    """--gamma; not given, with the default draft, that draft's gamma on --device (:func:`specdec.config.default_gamma`:
+    lower where the kernels run their AVX2 code); None (the config's default) with a draft named."""
+    if args.gamma is not None or args.draft:
+        return args.gamma
+    from specdec.config import default_gamma
+
+    return default_gamma(args.device)
+
+
 def target_quantization(args: argparse.Namespace) -> str | None:
     """--quantize: 'none' leaves the target as it is; not given, the default (:func:`specdec.config.
     default_target_quantize`: the packaged target in int8 on CPU)."""

@@ -55,7 +55,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                         "their quality). Default for the packaged target on CPU without --dtype: int4-mixed where "
                         "the CPU has AVX-512 VNNI, int4 on AVX2 without it, else int8; 'none' keeps it in bf16")
     p.add_argument("--gamma", type=int, default=None,
-                   help="draft tokens per target call (default: 4, constant)")
+                   help="draft tokens per target call (default: 4, constant; the default draft 2 on a CPU where "
+                        "specdec's kernels run their AVX2 code)")
     p.add_argument("--gamma-schedule", default=None, choices=["constant", "heuristic", "adaptive", "confidence"],
                    help="how gamma varies (all exact): constant, heuristic (+2/-1), adaptive (Theorem 8 with running "
                         "alpha, c and verification cost), confidence (the draft stops when unsure); default: constant")

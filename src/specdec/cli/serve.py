@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from specdec.cli.models import check_models, draft_label, draft_spec, load_models
+from specdec.cli.models import check_models, draft_label, draft_spec, gamma_of, load_models
 from specdec.cli.parser import SERVED_BATCH_CPU
 
 
@@ -33,7 +33,8 @@ def serve_command(args: argparse.Namespace) -> int:
     from specdec.config import GenerationConfig
 
     # Checked before the models load (in the background once the server is up): the speculation options
-    # every request starts from, and the models.
+    # every request starts from (the default draft's gamma on this device where --gamma is not given), and the models.
+    args.gamma = gamma_of(args)
     GenerationConfig.from_options(gamma=args.gamma, gamma_schedule=args.gamma_schedule, max_gamma=args.max_gamma,
                                   confidence=args.confidence)
     check_models(args)
