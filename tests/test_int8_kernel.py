@@ -155,6 +155,21 @@ def test_the_bits_are_the_onednn_paths():
         assert torch.equal(ours.rows(x), onednn.rows(x))
 
 
+def test_onednn_is_offered_only_where_its_int8_sums_are_exact(monkeypatch):
+    """oneDNN's int8 GEMM without VNNI or AMX saturates its int16 pair sums (an AVX2-only EPYC: products off by up to
+    9%), so on such an x86 CPU it is not an int8 kernel specdec offers, and asking for it says why."""
+    from specdec.models.kernels import cpu
+
+    assert not cpu.onednn_int8_exact({"avx2", "fma", "f16c"}, "x86_64")
+    assert cpu.onednn_int8_exact({"avx2", "avx512f", "avx512_vnni"}, "x86_64")
+    assert cpu.onednn_int8_exact({"avx2", "avx_vnni"}, "x86_64") and cpu.onednn_int8_exact({"amx_int8"}, "x86_64")
+    assert cpu.onednn_int8_exact(set(), "aarch64")  # (ARM builds: no fbgemm, oneDNN is the int8 kernel there)
+    monkeypatch.setattr(cpu, "onednn_int8_exact", lambda *a: False)
+    assert "onednn" not in int8_matmul.available()
+    with pytest.raises(specdec.SpecDecError, match="'onednn' is not available in this torch build or on this CPU"):
+        int8_matmul.check_kernel("onednn")
+
+
 def test_asymmetric_weights_are_refused_with_the_fix():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

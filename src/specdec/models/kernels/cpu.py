@@ -48,6 +48,20 @@ def kernel_code(flags=None, avx512: bool = True) -> str | None:
     return "avx2" if AVX2_CODE <= flags else None
 
 
+#: The flags under which oneDNN's u8 x s8 int8 GEMM sums in int32 exactly (vpdpbusd, or AMX tiles).
+ONEDNN_EXACT = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def onednn_int8_exact(flags=None, machine: str | None = None) -> bool:
+    """Whether oneDNN's int8 GEMM gives the exact integer product here: on x86 only with VNNI or AMX (without them it
+    multiplies pairs with vpmaddubsw, whose int16 sums saturate: on an AVX2-only EPYC its products were off by up to
+    9% of an element, 2026-12-07); on other machines (ARM builds of torch, where fbgemm is missing) as measured there."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in ("x86_64", "amd64", "i686", "x86"):
+        return True
+    return bool(ONEDNN_EXACT & _flags(flags))
+
+
 def has_amx(flags=None) -> bool:
     """Whether the CPU (``flags``, this one's when None) has AMX tiles."""
     return "amx_tile" in _flags(flags)

@@ -48,12 +48,14 @@ _chosen: str | None = None
 
 
 def available() -> list[str]:
-    """The kernels this torch build and CPU can run."""
+    """The kernels this torch build and CPU can run exactly."""
     from specdec.models.kernels import extension
 
+    from specdec.models.kernels.cpu import onednn_int8_exact
+
     out = ["specdec"] if extension.cpu_supported() else []
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise"):
-        out.append("onednn")
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise") and onednn_int8_exact():
+        out.append("onednn")  # (not on an x86 CPU without VNNI or AMX: its int16 pair sums saturate there)
     if has_fbgemm():
         out.append("fbgemm")
     return out
