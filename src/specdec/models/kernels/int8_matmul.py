@@ -50,7 +50,6 @@ _chosen: str | None = None
 def available() -> list[str]:
     """The kernels this torch build and CPU can run exactly."""
     from specdec.models.kernels import extension
-
     from specdec.models.kernels.cpu import onednn_int8_exact
 
     out = ["specdec"] if extension.cpu_supported() else []
