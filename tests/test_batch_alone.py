@@ -158,3 +158,26 @@ def test_a_lone_row_cancelled_gives_its_sessions_back():
     engine.cancel(row, "disconnected")
     assert engine.step() == [row] and row.output is None and str(row.error) == "disconnected"
     assert row.session is None and drafter.session is None and not engine.rows
+
+
+@pytest.mark.parametrize("feed_seconds", [1.0, 1e-6])
+def test_a_lone_rows_model_starts_only_where_its_feed_pays(feed_seconds):
+    """The lone row's hierarchy, copying first, starts its model only where the server's measured costs say feeding
+    it the prompt pays (specdec.batch.alone.start_pays: a second a fed token never does, a microsecond always); the
+    tokens are plain decoding's either way."""
+    target, draft = quantized_pair("llama", quantizations()[0])
+    copying = dataclasses.replace(plan_draft([draft, "prompt-lookup"]), copy_first=True)
+    engine = BatchEngine(target, draft, max_batch=2, alone_draft=alone_draft(copying, draft))
+    policy = engine.gamma_policy
+    for tokens, seconds in ((1, 0.05), (2, 0.051), (4, 0.053)):  # verification nearly free: drafting saves time
+        policy.target_time.observe(tokens, seconds)
+    policy.draft_time.observe(1, 0.001)
+    policy.observe_feed(10, 10 * feed_seconds)
+    assert policy.feed_saving(1) > 0
+    config = GenerationConfig(max_new_tokens=20, gamma=3)
+    row = engine.add(PROMPTS[0], config)
+    engine.run()
+    assert engine.moves["alone"] == 1
+    assert row.output.token_ids == specdec.generate(target, PROMPTS[0], config=config).token_ids
+    level = row.output.stats.levels[0]
+    assert level["level"].startswith("copy+") and (level["calls"] == 0) == (feed_seconds == 1.0)

@@ -125,6 +125,40 @@ def test_the_model_starts_only_after_rounds_that_copies_and_lookup_left_to_the_t
     assert drafter.session.length == len(sequence) + 2  # it caught up the whole sequence, then drafted
 
 
+def test_the_model_starts_and_wakes_only_where_its_feed_pays(target):
+    """With the costs known (a server's lone row, specdec.batch.alone.start_pays), a prompt of any length whose feed
+    does not pay leaves M_1 unstarted, and it wakes after the misses only once the feed pays; the tokens stay plain
+    decoding's either way."""
+    asked = []
+    verdict = {"pays": False}
+
+    def pays(n, generated):
+        asked.append((n, generated))
+        return verdict["pays"]
+
+    drafter = SpeculativeDrafter(perturbed(target, 0.05), PromptLookupDrafter(), 3, copy_first=True)
+    drafter.start_pays = pays
+    prompt = [9, 8, 7, 6, 5]  # (short: without start_pays M_1 starts at once, test_on_a_short_prompt_...)
+    drafter.start(DraftContext(prompt, SamplingParams(temperature=0.0), torch.Generator().manual_seed(0),
+                               target.vocab_size, max_positions=len(prompt) + 40))
+    assert drafter.session is None and asked == [(5, 0)]  # the whole prompt to feed, nothing generated yet
+    sequence = list(prompt)
+    for miss in range(LAZY_MISSES + 3):  # misses past LAZY_MISSES: still the level below, the feed asked each round
+        draft = drafter.propose(sequence, drafter.reach(sequence, 3))
+        assert drafter.session is None and draft.q is None
+        drafter.update(0)
+        sequence = sequence + [20 + miss]
+    assert asked[-1] == (len(sequence) - 1, len(sequence) - 1 - len(prompt))  # (asked before the last token came)
+    verdict["pays"] = True
+    draft = drafter.propose(sequence, drafter.reach(sequence, 3))
+    assert drafter.session is not None and drafter.session.length == len(sequence) + 2 and len(draft) == 3
+    assert asked[-1] == (len(sequence), len(sequence) - len(prompt))
+    # paying from the start: M_1 caches the prompt at once, as without start_pays
+    drafter.start(DraftContext(prompt, SamplingParams(temperature=0.0), torch.Generator().manual_seed(0),
+                               target.vocab_size, max_positions=len(prompt) + 40))
+    assert drafter.session is not None and drafter.session.length == 4
+
+
 def test_a_copy_passed_over_still_teaches_its_acceptance(target):
     drafter = started(target, REPEATING)
     drafter.model_alpha.value = 0.999999  # a model round always wins: the copy is passed over

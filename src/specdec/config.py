@@ -47,7 +47,8 @@ DEFAULT_GAMMA = 4
 # ... but the default draft drafts DEFAULT_GAMMA_AVX2 where the kernels run their AVX2 code (:func:`default_gamma`): on
 # an AVX2-only EPYC (Zen 3) a pass of 5 tokens costs 1.84x a one-token step (2 tokens 1.09x) and the int4 0.5B's step
 # 0.47 of one, so through the server gamma 4 lost to plain decoding (0.74-0.96x, two runs of completion and chat) where
-# gamma 2 won (1.06-1.19x): docs/serving.md.
+# gamma 2 won (1.06-1.19x): docs/serving.md. Since the AVX2 int4 code reads each weight line once for 3 rows too
+# (3332ad5), gamma 2's verification of 3 tokens costs ~1.1x a step there (was ~1.4x), and 4 tokens still ~1.6x.
 DEFAULT_GAMMA_AVX2 = 2
 # The varying schedules' upper bound on gamma when max_gamma is not given: max(MAX_GAMMA_FLOOR, gamma).
 MAX_GAMMA_FLOOR = 12

@@ -23,11 +23,12 @@ engine's own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from specdec.batch.drafting import CATCH_UP
 from specdec.batch.row import MODEL, BatchRow, ModelRowDrafter, row_context
 from specdec.devices import RoundClock
+from specdec.drafters.hierarchical import SpeculativeDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.run_state import finish_output
 from specdec.schedules import make_schedule
@@ -96,6 +97,27 @@ def stays_in_batch(engine: Any, row: BatchRow) -> bool:
             and engine.gamma_policy.tokens_left(row.limit - generated, generated) < ALONE_CATCH_UP_PAYS * gap)
 
 
+def start_pays(engine: Any, row: BatchRow) -> Callable[[int, int], bool | None]:
+    """Whether feeding the lone row's draft model ``n`` tokens it lacks pays, ``generated`` tokens into the row
+    (:attr:`~specdec.drafters.hierarchical.SpeculativeDrafter.start_pays`: the model's start, copying first): the
+    time drafting saves over the tokens the row is likely still to generate (:meth:`~specdec.batch.speculation.
+    BatchGamma.feed_saving` at one row, :meth:`~specdec.batch.speculation.BatchGamma.tokens_left`) against n times
+    the measured seconds a fed token costs; None before the server measured them. No margin, where a batch row's
+    feed has FEED_MARGIN: the batch's Theorem 8 reads its one-model draft, and the lone row's hierarchy (the model
+    under prompt lookup) drafts for less. On the AVX2 EPYC the 0.5B is fed at ~6.7 ms a token and at one row
+    drafting saves ~11 ms a generated token: a chat request's 140 new prompt tokens for its ~70-token answer do not
+    pay (chat through the server 0.79-0.85x plain decoding, with the model started on every request)."""
+    policy = engine.gamma_policy
+
+    def pays(n: int, generated: int) -> bool | None:
+        saving = policy.feed_saving(1)
+        if saving is None:
+            return None
+        return policy.tokens_left(row.limit - generated, generated) * saving >= n * policy.feed_seconds
+
+    return pays
+
+
 def go_alone(engine: Any, row: BatchRow) -> bool:
     """Move ``row`` out of its slot: its keys and values into a session of its own (and its model draft's into the
     lone row's drafter), its schedule to the one-sequence engine's. False (nothing moved) where a cache cannot be
@@ -116,6 +138,8 @@ def go_alone(engine: Any, row: BatchRow) -> bool:
             return False
         if engine.draft_session.lengths[slot]:  # (a draft that has not drafted yet holds nothing: it catches up)
             draft_session.adopt(engine.draft_session.read_row(slot), engine.draft_session.lengths[slot])
+        if isinstance(drafter, SpeculativeDrafter):
+            drafter.start_pays = start_pays(engine, row)
         drafter.start(row_context(row), session=draft_session)
         row.drafter = drafter
     if row.prediction is not None:  # Predicted Outputs in front of whatever it drafts with (its counts go on)

@@ -19,7 +19,7 @@ copied tokens when it next drafts.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -62,6 +62,10 @@ class SpeculativeDrafter(ModelDrafter):
     """
 
     _lazy = False  # M_1 not drafting until needed (copying first: start)
+    #: Copying first: whether feeding M_1 ``n`` tokens it lacks pays, ``generated`` tokens into this generation
+    #: (``(n, generated) -> bool | None``; None: not known). Set before :meth:`start` by whoever has measured the costs
+    #: (a server's lone row: :func:`specdec.batch.alone.start_pays`); None: M_1's start follows the prompt's length.
+    start_pays: Callable[[int, int], bool | None] | None = None
 
     def __init__(self, model: LanguageModel, inner: Drafter, inner_gamma: int = 4, copy_first: bool = False):
         super().__init__(model)
@@ -91,9 +95,14 @@ class SpeculativeDrafter(ModelDrafter):
         """Open M_1's session and cache the prompt (or take ``session``, as a plain model draft does). Copying first
         without a session given, on a prompt of :data:`LAZY_PROMPT` tokens or more, M_1 starts lazily: until
         :data:`LAZY_MISSES` rounds in a row got nothing of the copies or the level below accepted, that level drafts
-        for the target directly where no copy does (an edit that copies write is never paid M_1's prompt)."""
-        lazy = (self.copy_first and not isinstance(self.inner, ModelDrafter) and len(context.prompt_ids) >= LAZY_PROMPT
-                and (session is None or session.length == 0))  # (a batch row's session that holds nothing yet too)
+        for the target directly where no copy does (an edit that copies write is never paid M_1's prompt). Where
+        :attr:`start_pays` says feeding M_1 what it lacks does not pay, it starts lazily whatever the prompt's
+        length, and wakes only once it does (a short chat answer on a CPU whose 0.5B is dear to feed: never)."""
+        self.context = context  # (what _feed_pays reads, before the starts below set it again)
+        held = 0 if session is None else session.length
+        lazy = self.copy_first and not isinstance(self.inner, ModelDrafter) and (
+            (len(context.prompt_ids) >= LAZY_PROMPT and held == 0)  # (a batch row's session that holds nothing yet too)
+            or self._feed_pays(len(context.prompt_ids), held) is False)
         if lazy and session is None:
             DrafterBase.start(self, context)
             self.close()
@@ -107,6 +116,12 @@ class SpeculativeDrafter(ModelDrafter):
         self.level = LevelStats(level=self.name)
         self.clock = RoundClock(context.device)
         self._start_copying()
+
+    def _feed_pays(self, length: int, held: int) -> bool | None:
+        """:attr:`start_pays` for M_1 holding ``held`` positions of a sequence of ``length`` (None: not known)."""
+        if self.start_pays is None:
+            return None
+        return self.start_pays(max(length - held, 0), max(length - len(self.context.prompt_ids), 0))
 
     # --- copying first ---------------------------------------------------------------------------------------------
 
@@ -198,7 +213,8 @@ class SpeculativeDrafter(ModelDrafter):
         if copy is not None:
             return copy
         if self._lazy:
-            if self.misses < LAZY_MISSES:
+            held = 0 if self.session is None else self.session.length
+            if self.misses < LAZY_MISSES or self._feed_pays(len(sequence), held) is False:
                 self._from_inner = True
                 return self.inner.propose(sequence, k)  # (one-hot: prompt lookup's tokens)
             self._wake()
