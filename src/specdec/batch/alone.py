@@ -7,7 +7,9 @@ extension call) and a hierarchy (the 0.5B under prompt lookup). So while a :clas
 holds one row and none waits, that row's rounds are :func:`specdec.decoding`'s own (``_round``), over a session
 of its own and the engine's draft for a lone row (``alone_draft``). When a second request has joined (prefilled in
 its own slot), the row goes back into its slot before the next round; when the batch is down to one row again, that
-row goes on alone. More rows run batched (:func:`rounds_alone` says why).
+row goes on alone. More rows run batched (:func:`rounds_alone` says why). One thing differs from
+:func:`specdec.generate`: the server has measured its costs, so the lone row's hierarchy starts its model only where
+feeding it what it lacks pays (:func:`start_pays`); until then copies and prompt lookup draft for the target.
 
 Each move copies the keys and values the row holds (target and model draft), nothing is recomputed: with a
 block-invariant target (int8 / int4) a position's keys and values are the same bits whichever engine computed
