@@ -98,11 +98,10 @@ class SpeculativeDrafter(ModelDrafter):
         for the target directly where no copy does (an edit that copies write is never paid M_1's prompt). Where
         :attr:`start_pays` says feeding M_1 what it lacks does not pay, it starts lazily whatever the prompt's
         length, and wakes only once it does (a short chat answer on a CPU whose 0.5B is dear to feed: never)."""
-        self.context = context  # (what _feed_pays reads, before the starts below set it again)
-        held = 0 if session is None else session.length
+        held, prompt = 0 if session is None else session.length, len(context.prompt_ids)
         lazy = self.copy_first and not isinstance(self.inner, ModelDrafter) and (
-            (len(context.prompt_ids) >= LAZY_PROMPT and held == 0)  # (a batch row's session that holds nothing yet too)
-            or self._feed_pays(len(context.prompt_ids), held) is False)
+            (prompt >= LAZY_PROMPT and held == 0)  # (a batch row's session that holds nothing yet too)
+            or self._feed_pays(prompt, held, prompt) is False)
         if lazy and session is None:
             DrafterBase.start(self, context)
             self.close()
@@ -117,11 +116,12 @@ class SpeculativeDrafter(ModelDrafter):
         self.clock = RoundClock(context.device)
         self._start_copying()
 
-    def _feed_pays(self, length: int, held: int) -> bool | None:
-        """:attr:`start_pays` for M_1 holding ``held`` positions of a sequence of ``length`` (None: not known)."""
+    def _feed_pays(self, length: int, held: int, prompt: int) -> bool | None:
+        """:attr:`start_pays` for M_1 holding ``held`` positions of a sequence of ``length`` whose prompt is
+        ``prompt`` tokens (None: not known)."""
         if self.start_pays is None:
             return None
-        return self.start_pays(max(length - held, 0), max(length - len(self.context.prompt_ids), 0))
+        return self.start_pays(max(length - held, 0), max(length - prompt, 0))
 
     # --- copying first ---------------------------------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class SpeculativeDrafter(ModelDrafter):
             return copy
         if self._lazy:
             held = 0 if self.session is None else self.session.length
-            if self.misses < LAZY_MISSES or self._feed_pays(len(sequence), held) is False:
+            if self.misses < LAZY_MISSES or self._feed_pays(len(sequence), held, len(self.context.prompt_ids)) is False:
                 self._from_inner = True
                 return self.inner.propose(sequence, k)  # (one-hot: prompt lookup's tokens)
             self._wake()
