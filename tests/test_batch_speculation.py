@@ -355,3 +355,33 @@ def test_a_row_kept_in_the_batch_for_a_joining_prompt_does_not_catch_its_draft_u
     assert fed_waiting == []
     assert [r.output.token_ids for r in rows] == [specdec.generate(target, p, draft=draft, config=c).token_ids
                                                   for p, c in zip(prompts, configs)]
+
+
+def test_calibrate_times_the_drafts_feed_as_a_warm_server_pays_it(monkeypatch):
+    """The feed cost calibrate seeds (what a prompt token fed to the draft costs: BatchGamma.feed_pays) is the best of
+    its timed prefills, so the one-off costs of the draft's first passes do not set it: a first prefill that takes a
+    second longer leaves the seed at the later ones' time; the draft's cache is left empty for requests."""
+    import time
+
+    from specdec.batch.measuring import FEED_TIMINGS
+
+    target, draft = quantized_pair("llama", "int8")
+    engine = BatchEngine(target, draft, max_batch=2)
+    session, calls = engine.draft_session, []
+    prefill = session.prefill
+
+    def slow_first(slot, ids):
+        calls.append(len(ids))
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return prefill(slot, ids)
+
+    monkeypatch.setattr(session, "prefill", slow_first)
+    engine.calibrate(context=40)
+    assert calls == [40] * FEED_TIMINGS and FEED_TIMINGS >= 2
+    assert engine.gamma_policy.feed_seconds < 0.5 / 40  # not the slow first pass's > 1 s / 40 tokens
+    assert all(length == 0 for length in session.lengths)
+    config = GenerationConfig(max_new_tokens=12, gamma=3)
+    row = engine.add(PROMPTS[0], config)
+    engine.run()
+    assert row.output.token_ids == specdec.generate(target, PROMPTS[0], draft=draft, config=config).token_ids
