@@ -44,7 +44,8 @@ def calibrate(engine: Any, context: int = 128, widths: Sequence[int] = (1, 2, 3,
     for name, session in (("target", engine.target_session), ("draft", engine.draft_session)):
         # what a fed prompt token costs the draft (BatchGamma.feed_pays): the best of FEED_TIMINGS prefills, as a
         # warm server pays it; its first passes pay one-off costs (AVX2 EPYC, 128 tokens: 7.2-8.0 ms a token in the
-        # first two, 3.1-3.6 after), and a seed that high kept lone rows' models from starting where they paid
+        # first two, 3.1-3.6 after), and a seed that high priced every feed (feed_pays, a lone row's start) at twice
+        # what it costs
         feed = float("inf")
         for _ in range(FEED_TIMINGS if name == "draft" else 1):
             session.rollback(0, 0)
