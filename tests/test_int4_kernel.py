@@ -5,6 +5,8 @@ changes the output. Skipped where the CPU has neither AVX-512 VNNI nor AVX2 (int
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -247,3 +249,34 @@ def test_a_ggufs_q4k_layers_come_in_exactly_and_the_rest_as_the_method_says(tmp_
 def test_int4_mixed_needs_a_ggufs_tensor_types():
     with pytest.raises(specdec.SpecDecError, match="int4-mixed' follows the tensor types of a preset's GGUF.*use int4 or int8"):
         quantized_copy(load_tiny(), "int4-mixed")
+
+
+@needs_vnni
+def test_the_threads_share_the_groups_without_changing_a_bit():
+    """The GEMMs start each thread on an equal share of their column groups, and a thread done with its share takes
+    groups from the end of another's (csrc/work_items.h): every group computed once, by whichever thread, so the
+    equal split's bits, for the int4 and the int8 kernel, with one thread, two, and more threads than cores (some
+    wait for a core while the others take from their shares: the taking path runs)."""
+    from specdec.models.quantized import int8_packed
+    from specdec.models.quantized.int8_weights import quantize_weight
+
+    torch.manual_seed(5)
+    int4 = Int4Weight.quantize(torch.randn(32 * 37 + 5, 512))
+    int8 = int8_packed.PackedInt8Weight(quantize_weight(torch.randn(32 * 41, 256), True))
+    x4, x8, bias4 = torch.randn(19, 512), torch.randn(19, 256), torch.randn(32 * 37 + 5)
+    ext, threads = extension.loaded(), torch.get_num_threads()
+    try:
+        ext.set_dynamic_split(False)
+        equal = [(int4.rows(x4[:m].contiguous(), bias=bias4), int8.rows(x8[:m].contiguous())) for m in (1, 5, 19)]
+        ext.set_dynamic_split(True)
+        stolen = ext.stolen_groups()
+        for n in (1, 2, (os.cpu_count() or 2) + 1):
+            torch.set_num_threads(n)
+            for _ in range(1 if n < 3 else 20):
+                for m, (y4, y8) in zip((1, 5, 19), equal):
+                    assert torch.equal(int4.rows(x4[:m].contiguous(), bias=bias4), y4)
+                    assert torch.equal(int8.rows(x8[:m].contiguous()), y8)
+        assert ext.stolen_groups() > stolen  # (the threads that had a core took groups from the one that waited)
+    finally:
+        ext.set_dynamic_split(True)
+        torch.set_num_threads(threads)

@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 #include "output_parts.h"
 #include "amx_tiles.h"
+#include "work_items.h"
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
@@ -280,9 +281,9 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
   const int64_t step = M <= ROWS4 ? ROWS4 : 4;
   if (amx) {  // whole tile blocks; a tail of up to AMX4_TAIL rows on vpdpbusd (a tile block costs as much as 16)
     const int64_t tiled = M % AMX4_ROWS <= AMX4_TAIL ? M / AMX4_ROWS * AMX4_ROWS : M;
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    share_groups(groups, [&](auto take) {
       configure_tiles4();
-      for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t g; (g = take()) >= 0;) {
         const uint8_t* wg = W + g * Kp / 4 * 64;
         const c10::Half* dg = D + g * Kp / SUPER * 64;
         const uint8_t* sg = S + g * Kp / SUB * 64;
@@ -297,8 +298,8 @@ std::vector<torch::Tensor> rows4(const torch::Tensor& x, const torch::Tensor& pa
     });
     return ys;
   }
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
+  share_groups(groups, [&](auto take) {
+    for (int64_t g; (g = take()) >= 0;)
       for (int64_t m0 = 0; m0 < M; m0 += avx2 ? M : step) {  // (the AVX2 code takes its own row chunks)
         const int64_t mb = avx2 ? M : std::min(step, M - m0);
         const uint8_t* wg = W + g * Kp / 4 * 64;

@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 #include "output_parts.h"
 #include "amx_tiles.h"
+#include "work_items.h"
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <immintrin.h>
 #include <cmath>
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -197,9 +199,9 @@ std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& pac
   const float* sqp = sq.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const bool amx = !avx2 && amx_from > 0 && M >= amx_from && K4 % (4 * AMX_STEP) == 0 && amx_ready();
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+  share_groups(groups, [&](auto take) {
     int64_t configured = 0;  // the A tile's rows as the tiles are configured on this thread (0: not yet)
-    for (int64_t g = g0; g < g1; ++g) {  // a group's weights (KB x 128 bytes) stay in cache across row blocks
+    for (int64_t g; (g = take()) >= 0;) {  // a group's weights (KB x 128 bytes) stay in cache across row blocks
       const int64_t step = amx ? AMX_ROWS : MAX_ROWS;
       for (int64_t m0 = 0; m0 < M; m0 += step) {
         const int64_t mb = std::min(step, M - m0);
@@ -273,6 +275,15 @@ void bind_decoder_step(pybind11::module& m);
 void set_avx2(bool on);
 int64_t avx2_calls();
 
+namespace {
+std::atomic<bool> dynamic_groups{true};
+std::atomic<int64_t> stolen_count{0};
+}
+bool dynamic_split() { return dynamic_groups.load(std::memory_order_relaxed); }
+void count_stolen() { stolen_count.fetch_add(1, std::memory_order_relaxed); }
+int64_t stolen_groups() { return stolen_count.load(); }
+void set_dynamic_split(bool on) { dynamic_groups.store(on, std::memory_order_relaxed); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "int8 GEMM over row-quantized activations (AVX-512 VNNI, AMX or AVX2), exact int32 accumulation");
   m.def("pack", &pack, "int8 [N_i, K] parts -> (the GEMM's packed layout, 128 * row sums), one pass");
@@ -285,5 +296,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_decoder_step(m);  // DecoderStep: every decoder layer of a step in one call
   m.def("set_avx2", &set_avx2, "run the AVX2 code of the GEMMs and the row attention (the same bits), or not");
   m.def("uses_avx2", &use_avx2, "whether the AVX2 code runs");
+  m.def("set_dynamic_split", &set_dynamic_split, "hand the GEMMs' column groups to whichever thread is free (the "
+        "default), or split them equally (to measure the difference; the same bits either way)");
+  m.def("stolen_groups", &stolen_groups, "how many column groups a thread took from another's share so far");
   m.def("avx2_calls", &avx2_calls, "how many GEMM and attention calls ran the AVX2 code so far");
 }
