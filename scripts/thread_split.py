@@ -18,6 +18,7 @@ import statistics
 import time
 
 import specdec  # first: it picks OpenMP's wait policy before torch loads the runtime (specdec/__init__.py)
+import torch  # noqa: E402
 from specdec.models.kernels import extension
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 40
@@ -70,7 +71,8 @@ def main() -> int:
         rows.append({"pass": f"prefill {args.prefill}", **pairs(ext, prefill, 6)})
     from specdec.models.kernels.cpu import cpu_kind
 
-    print(f"CPU: {cpu_kind()}; {target.preset}, 2 threads")
+    threads = torch.get_num_threads()
+    print(f"CPU: {cpu_kind()}; {target.preset}, {threads} threads")
     print("| pass | taking (default) | equal shares | median pair ratio | pairs the taking split won |")
     print("|---|---|---|---|---|")
     for r in rows:
@@ -78,7 +80,7 @@ def main() -> int:
               f"{r['taking_won']:.0%} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_kind(), "target": args.target, "rows": rows}, f, indent=1)
+            json.dump({"cpu": cpu_kind(), "target": args.target, "threads": threads, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -296,8 +296,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_decoder_step(m);  // DecoderStep: every decoder layer of a step in one call
   m.def("set_avx2", &set_avx2, "run the AVX2 code of the GEMMs and the row attention (the same bits), or not");
   m.def("uses_avx2", &use_avx2, "whether the AVX2 code runs");
-  m.def("set_dynamic_split", &set_dynamic_split, "hand the GEMMs' column groups to whichever thread is free (the "
-        "default), or split them equally (to measure the difference; the same bits either way)");
+  m.def("set_dynamic_split", &set_dynamic_split, "let a thread done with its share of the GEMMs' column groups take "
+        "from the end of another's (the default), or keep the equal shares (to measure it; the same bits either way)");
   m.def("stolen_groups", &stolen_groups, "how many column groups a thread took from another's share so far");
   m.def("avx2_calls", &avx2_calls, "how many GEMM and attention calls ran the AVX2 code so far");
 }
