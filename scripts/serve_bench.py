@@ -26,6 +26,7 @@ environment (`--openvino-python`), in-process and one request at a time, so only
 
     python scripts/serve_bench.py --out docs/results/serve_bench_<date>
     python scripts/serve_bench.py --clients 1 --workloads completion --count 2 --out /tmp/sb   # a quick look
+    python scripts/serve_bench.py --clients 1 --count completion=10,chat=8,editing=8,conversation=2   # issue 66's counts
     python scripts/serve_bench.py --clients 8 --workloads completion,chat --repeat 3 --servers specdec,llama-server
 
 With ``--repeat N`` specdec and its plain batching run N times each per level, alternating, each on a fresh server,
@@ -128,6 +129,20 @@ def jobs(workload: str, n: int) -> list[dict]:
 
 
 # --- the servers ---------------------------------------------------------------------------------------------------
+
+def job_counts(text: str) -> dict[str, int]:
+    """--count: ``8`` (every workload: {"*": 8}) or ``chat=8,editing=8`` (those workloads)."""
+    if text.strip().isdigit():
+        return {"*": int(text)}
+    counts = {}
+    for part in text.split(","):
+        name, _, n = part.partition("=")
+        if name.strip() not in WORKLOADS or not n.strip().isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: give a number, or workload=number with a workload of "
+                                             f"{', '.join(WORKLOADS)} (chat=8,editing=8)")
+        counts[name.strip()] = int(n)
+    return counts
+
 
 def llama_cpp_version() -> str:
     """The installed llama-cpp-python's version, else the one pyproject.toml pins for the `llama` extra."""
@@ -476,7 +491,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,2,4,8", help="concurrent clients (comma-separated)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--count", type=int, default=None, help="jobs per workload at one client (default: "
+    parser.add_argument("--count", type=job_counts, default={}, help="jobs per workload at one client: one number for "
+                        "every workload, or per workload (chat=8,editing=8; the others their default: "
                         + ", ".join(f"{w} {n}" for w, n in COUNTS.items()) + "); a level sends max(count, clients)")
     parser.add_argument("--servers", default="specdec,llama-server,openvino", help="which servers to run")
     parser.add_argument("--llama-draft-n", default="4", help="llama-server's --spec-draft-n-max values to try")
@@ -504,7 +520,7 @@ def main() -> int:
     target, draft = preset_gguf("qwen2.5-coder-1.5b"), preset_gguf("qwen2.5-coder-0.5b")
     work = {}
     for workload in workloads:
-        count = args.count or COUNTS[workload]
+        count = args.count.get(workload) or args.count.get("*") or COUNTS[workload]
         for clients in levels:
             js = jobs(workload, max(count, clients))
             for j in js:

@@ -43,6 +43,14 @@ def test_jobs_per_workload(sb):
         sb.jobs("poems", 1)
 
 
+def test_job_counts_one_for_all_or_per_workload(sb):
+    assert sb.job_counts("8") == {"*": 8}
+    assert sb.job_counts("chat=8,editing=10") == {"chat": 8, "editing": 10}
+    for bad in ("poems=3", "chat=0", "chat=x", "chat"):
+        with pytest.raises(Exception, match=r"give a number, or workload=number .*\(chat=8,editing=8\)"):
+            sb.job_counts(bad)
+
+
 def test_llama_server_command_lines(sb, tmp_path):
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
     plain = sb.llama_args("plain", 4, 2, t, d)
