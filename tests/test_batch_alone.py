@@ -181,3 +181,76 @@ def test_a_lone_rows_model_starts_only_where_its_feed_pays(feed_seconds):
     assert row.output.token_ids == specdec.generate(target, PROMPTS[0], config=config).token_ids
     level = row.output.stats.levels[0]
     assert level["level"].startswith("copy+") and (level["calls"] == 0) == (feed_seconds == 1.0)
+
+
+def test_a_lone_rows_model_starts_on_a_window_where_only_that_pays(monkeypatch):
+    """Where feeding the lone row's model all it lacks does not pay but feeding it the prompt's last WINDOW tokens
+    does, the model starts at once on a window (specdec.models.sessions.window): its session holds what the prefix
+    cache gave (the head: here an earlier request's prompt) and then the prompt's end. The tokens stay plain decoding's,
+    and what the row leaves to the prefix cache for the draft is only the head it held as the sequence's own."""
+    from specdec.models.sessions import window
+
+    started = []
+
+    class Recorded(window.WindowSession):
+        def __init__(self, session, skipped):
+            super().__init__(session, skipped)
+            started.append((self.head, skipped))
+
+    monkeypatch.setattr(hierarchical, "WINDOW", 3)
+    monkeypatch.setattr(hierarchical, "WindowSession", Recorded)
+    target, draft = quantized_pair("llama", quantizations()[0])
+    copying = dataclasses.replace(plan_draft([draft, "prompt-lookup"]), copy_first=True)
+    engine = BatchEngine(target, draft, max_batch=2, alone_draft=alone_draft(copying, draft),
+                         prefix_cache_bytes=1 << 24)
+    policy = engine.gamma_policy
+    for tokens, seconds in ((1, 0.05), (2, 0.051), (4, 0.053)):
+        policy.target_time.observe(tokens, seconds)
+    policy.draft_time.observe(1, 0.001)
+    policy.observe_feed(1, 1e-9)  # first request: feeding its whole prompt pays
+    first = [1] + list(range(10, 29))  # 20 tokens (a prefix cache keeps 16 or more)
+    config = GenerationConfig(max_new_tokens=8, gamma=3)
+    engine.add(first, config)
+    engine.run()
+    assert started == []
+    second = first + list(range(30, 45))  # 15 new tokens: the window is 3, charged as ceil(3 / WINDOW_SAVING) = 5
+    budget = policy.tokens_left(config.max_new_tokens, 0) * policy.feed_saving(1)
+    assert budget > 0
+    policy.feed_seconds = budget / 10  # 5 tokens' feed pays, 15 tokens' does not
+    row = engine.add(second, config)
+    engine.run()
+    assert row.stats.cached_tokens == len(first)
+    assert started == [(len(first), len(second) - len(first) - 3)]
+    assert row.output.token_ids == specdec.generate(target, second, config=config).token_ids
+    assert row.output.stats.levels[0]["calls"] > 0  # the model drafted
+    hit = engine.prefix_cache.lookup(second + row.output.token_ids + [99])
+    assert hit.length >= len(second) and hit.draft_length == len(first)
+
+
+def test_a_window_session_is_bookkeeping_over_the_head_and_the_tail():
+    """The window's positions are the sequence's: feeding its tail gives the logits of a session fed the head and the
+    tail one after the other; a rollback inside the tail is bookkeeping, one into the skipped stretch drops the window
+    (the head kept, the rest fed again)."""
+    from specdec.models.sessions.window import WindowSession, contiguous_length
+
+    target, _ = quantized_pair("llama", quantizations()[0])
+    sequence = [1, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    head, tail = sequence[:2], sequence[7:]
+    inner, _ = target.start(sequence)
+    inner.prefill(head)
+    windowed = WindowSession(inner, 5)
+    assert windowed.length == 7 and contiguous_length(windowed) == 2 and windowed.tokens is None
+    logits = windowed.extend(tail, 2)
+    assert windowed.length == len(sequence)
+    plain, _ = target.start(sequence)
+    plain.prefill(head)
+    assert torch.equal(logits, plain.extend(tail, 2))
+    windowed.rollback(len(sequence) - 2)  # inside the tail: the inner session keeps head + 3 tail tokens
+    assert windowed.length == len(sequence) - 2 and inner.length == 2 + 3 and windowed.skipped == 5
+    windowed.rollback(5)  # into the skipped stretch: back to the head, no window
+    assert windowed.skipped == 0 and windowed.length == 2 == contiguous_length(windowed)
+    again = windowed.extend(sequence[2:], 1)
+    whole, _ = target.start(sequence)
+    assert torch.equal(again, whole.extend(sequence, 1))
+    with pytest.raises(ValueError, match="a window skips at least one position, not 0"):
+        WindowSession(inner, 0)

@@ -32,6 +32,7 @@ from specdec.batch.row import MODEL, BatchRow, ModelRowDrafter, row_context
 from specdec.devices import RoundClock
 from specdec.drafters.hierarchical import SpeculativeDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.models.sessions.window import contiguous_length
 from specdec.run_state import finish_output
 from specdec.schedules import make_schedule
 
@@ -164,7 +165,7 @@ def go_back(engine: Any, row: BatchRow) -> None:
     if row.draft == MODEL:
         draft = row.drafter.session
         # the batch's draft row holds a prefix of the sequence; its first proposal catches up the rest
-        engine.draft_session.write_row(slot, draft.kv(), min(draft.length, len(row.sequence) - 1))
+        engine.draft_session.write_row(slot, draft.kv(), min(contiguous_length(draft), len(row.sequence) - 1))
         row.drafter.close()
         row.drafter = ModelRowDrafter(engine.draft_model.name)
     session.close()

@@ -7,6 +7,7 @@ from typing import Any
 
 from specdec.batch.row import MODEL, BatchRow
 from specdec.batch.prefix_cache import PrefixCache
+from specdec.models.sessions.window import contiguous_length
 
 
 def prefix_cache(target: Any, budget_bytes: int) -> PrefixCache | None:
@@ -58,7 +59,7 @@ def keep_prefix(engine: Any, slot: int, row: BatchRow) -> None:
         target, held = row.session.kv(), row.session.length
         drafter = getattr(row.drafter, "inner", row.drafter) if row.prediction is not None else row.drafter
         model = drafter.session if row.draft == MODEL else None
-        draft, drafted = (model.kv(), model.length) if model is not None else (None, 0)
+        draft, drafted = (model.kv(), contiguous_length(model)) if model is not None else (None, 0)  # (a window's head)
     else:
         target, held = engine.target_session.read_row(slot), engine.target_session.lengths[slot]
         model = row.draft == MODEL

@@ -18,6 +18,7 @@ copied tokens when it next drafts.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -31,6 +32,7 @@ from specdec.drafters.copying import MAX_COPY, CopyAcceptance, find_copy
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.spec import COPY_FIRST
 from specdec.models import LanguageModel
+from specdec.models.sessions.window import WINDOW, WINDOW_SAVING, WindowSession
 from specdec.schedules import AlphaEstimate, DecayedTimes
 from specdec.stats import LevelStats
 
@@ -97,11 +99,20 @@ class SpeculativeDrafter(ModelDrafter):
         :data:`LAZY_MISSES` rounds in a row got nothing of the copies or the level below accepted, that level drafts
         for the target directly where no copy does (an edit that copies write is never paid M_1's prompt). Where
         :attr:`start_pays` says feeding M_1 what it lacks does not pay, it starts lazily whatever the prompt's
-        length, and wakes only once it does (a short chat answer on a CPU whose 0.5B is dear to feed: never)."""
+        length, and wakes only once it does (a short chat answer on a CPU whose 0.5B is dear to feed: never). Where
+        feeding it all does not pay but feeding it the last :data:`~specdec.models.sessions.window.WINDOW` tokens does
+        (:meth:`_window_pays`), M_1 starts at once on a window (:class:`~specdec.models.sessions.window.WindowSession`):
+        what ``session`` holds (a prefix cache's system prompt) and the prompt's end."""
         held, prompt = 0 if session is None else session.length, len(context.prompt_ids)
-        lazy = self.copy_first and not isinstance(self.inner, ModelDrafter) and (
-            (prompt >= LAZY_PROMPT and held == 0)  # (a batch row's session that holds nothing yet too)
-            or self._feed_pays(prompt, held, prompt) is False)
+        may_wait = self.copy_first and not isinstance(self.inner, ModelDrafter)
+        by_length = prompt >= LAZY_PROMPT and held == 0  # (a batch row's session that holds nothing yet too)
+        dear = may_wait and not by_length and self._feed_pays(prompt, held, prompt) is False
+        windowed = dear and self._window_pays(prompt, held, prompt)
+        lazy = may_wait and (by_length or dear) and not windowed
+        if windowed:  # M_1 fed what its session holds and the prompt's last WINDOW tokens (its first proposal)
+            if session is None:
+                session, _ = self.model.start(context.prompt_ids, context.max_positions)
+            session = WindowSession(session, prompt - session.length - WINDOW)
         if lazy and session is None:
             DrafterBase.start(self, context)
             self.close()
@@ -122,6 +133,14 @@ class SpeculativeDrafter(ModelDrafter):
         if self.start_pays is None:
             return None
         return self.start_pays(max(length - held, 0), max(length - prompt, 0))
+
+    def _window_pays(self, length: int, held: int, prompt: int) -> bool:
+        """Whether feeding M_1 only the last WINDOW tokens of a sequence of ``length`` (it holds ``held``) pays where
+        feeding it everything it lacks does not: :attr:`start_pays` for the window's tokens, charged as if its drafts
+        saved WINDOW_SAVING of what the whole prompt's do."""
+        if self.start_pays is None or WINDOW <= 0 or length - held <= WINDOW:
+            return False
+        return self.start_pays(math.ceil(WINDOW / WINDOW_SAVING), max(length - prompt, 0)) is True
 
     # --- copying first ---------------------------------------------------------------------------------------------
 
@@ -180,15 +199,19 @@ class SpeculativeDrafter(ModelDrafter):
         self._copy = (len(sequence), found[:k])
         return k
 
-    def _wake(self) -> None:
+    def _wake(self, window_of: int | None = None) -> None:
         """Start M_1 lazily: cache the prompt but its last token (a session given empty: nothing); its first proposal
-        catches up the rest."""
+        catches up the rest. ``window_of``: the sequence's length, M_1 to be fed only its last WINDOW tokens after
+        what its session holds (:class:`~specdec.models.sessions.window.WindowSession`)."""
         self._lazy = False
+        t0 = time.perf_counter()
         if self.session is None:
-            t0 = time.perf_counter()
             self.session, prompt = self.model.start(self.context.prompt_ids, self.context.max_positions)
-            self.session.prefill(prompt[:-1])
-            self.level.time_total += time.perf_counter() - t0
+            if window_of is None:
+                self.session.prefill(prompt[:-1])
+        if window_of is not None and window_of - self.session.length > WINDOW:
+            self.session = WindowSession(self.session, window_of - self.session.length - WINDOW)
+        self.level.time_total += time.perf_counter() - t0
 
     def _propose_copy(self, sequence: Sequence[int], k: int) -> Draft | None:
         """This round's copy (chosen by :meth:`reach` for this very sequence), cut to ``k``; None: a model round."""
@@ -213,11 +236,12 @@ class SpeculativeDrafter(ModelDrafter):
         if copy is not None:
             return copy
         if self._lazy:
-            held = 0 if self.session is None else self.session.length
-            if self.misses < LAZY_MISSES or self._feed_pays(len(sequence), held, len(self.context.prompt_ids)) is False:
+            held, prompt = 0 if self.session is None else self.session.length, len(self.context.prompt_ids)
+            windowed = self.misses >= LAZY_MISSES and self._feed_pays(len(sequence), held, prompt) is False
+            if self.misses < LAZY_MISSES or (windowed and not self._window_pays(len(sequence), held, prompt)):
                 self._from_inner = True
                 return self.inner.propose(sequence, k)  # (one-hot: prompt lookup's tokens)
-            self._wake()
+            self._wake(len(sequence) if windowed else None)
         ctx = self.context
         t_round = time.perf_counter()
         t_start = self.clock.mark()
