@@ -171,3 +171,37 @@ def test_a_copy_passed_over_still_teaches_its_acceptance(target):
     first, later = drafter.copying.first.value, drafter.copying.later.value
     drafter.reach(REPEATING + [2, 4, 1, 3] + [6, 6], 3)  # what followed [4, 1, 3] was 5, not 6: its first token's down
     assert drafter.copying.first.value < first and drafter.copying.later.value == later
+
+
+def test_a_lazy_model_wakes_on_a_window_where_only_that_pays(target, monkeypatch):
+    """A long prompt starts M_1 lazily; after the misses, where feeding it all it lacks does not pay but the last
+    WINDOW tokens do (start_pays for WINDOW / WINDOW_SAVING tokens), it wakes on a window: a fresh session fed only
+    the sequence's end, its length in the sequence's positions."""
+    from specdec.drafters import hierarchical
+    from specdec.models.sessions.window import WindowSession, contiguous_length
+
+    monkeypatch.setattr(hierarchical, "LAZY_PROMPT", 8)
+    monkeypatch.setattr(hierarchical, "WINDOW", 3)
+    asked = []
+
+    def pays(n, generated):
+        asked.append(n)
+        return n <= 5  # ceil(3 / WINDOW_SAVING) = 5: the window pays, the whole sequence does not
+
+    drafter = SpeculativeDrafter(perturbed(target, 0.05), PromptLookupDrafter(), 3, copy_first=True)
+    drafter.start_pays = pays
+    prompt = [9, 8, 7, 6, 5, 4, 3, 2, 9, 8]  # 10 tokens: lazy by length
+    drafter.start(DraftContext(prompt, SamplingParams(temperature=0.0), torch.Generator().manual_seed(0),
+                               target.vocab_size, max_positions=len(prompt) + 40))
+    assert drafter.session is None and asked == []
+    sequence = list(prompt)
+    for miss in range(LAZY_MISSES):
+        drafter.propose(sequence, drafter.reach(sequence, 3))
+        assert drafter.session is None
+        drafter.update(0)
+        sequence = sequence + [20 + miss]
+    draft = drafter.propose(sequence, drafter.reach(sequence, 3))
+    assert asked == [len(sequence), 5] and len(draft) == 3
+    session = drafter.session
+    assert isinstance(session, WindowSession) and session.head == 0 and session.skipped == len(sequence) - 3
+    assert session.length == len(sequence) + 2 and session.inner.length == 3 + 2 and contiguous_length(session) == 0

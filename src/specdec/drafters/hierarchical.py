@@ -110,9 +110,7 @@ class SpeculativeDrafter(ModelDrafter):
         windowed = dear and self._window_pays(prompt, held, prompt)
         lazy = may_wait and (by_length or dear) and not windowed
         if windowed:  # M_1 fed what its session holds and the prompt's last WINDOW tokens (its first proposal)
-            if session is None:
-                session, _ = self.model.start(context.prompt_ids, context.max_positions)
-            session = WindowSession(session, prompt - session.length - WINDOW)
+            session = self._window(context, session, prompt)
         if lazy and session is None:
             DrafterBase.start(self, context)
             self.close()
@@ -141,6 +139,13 @@ class SpeculativeDrafter(ModelDrafter):
         if self.start_pays is None or WINDOW <= 0 or length - held <= WINDOW:
             return False
         return self.start_pays(math.ceil(WINDOW / WINDOW_SAVING), max(length - prompt, 0)) is True
+
+    def _window(self, context: DraftContext, session: Any, length: int) -> WindowSession:
+        """M_1's ``session`` (a fresh one where it holds none) to be fed only the last WINDOW tokens of a sequence of
+        ``length`` after what it holds (where :meth:`_window_pays`: more than WINDOW tokens lacking)."""
+        if session is None:
+            session, _ = self.model.start(context.prompt_ids, context.max_positions)
+        return WindowSession(session, length - session.length - WINDOW)
 
     # --- copying first ---------------------------------------------------------------------------------------------
 
@@ -205,12 +210,11 @@ class SpeculativeDrafter(ModelDrafter):
         what its session holds (:class:`~specdec.models.sessions.window.WindowSession`)."""
         self._lazy = False
         t0 = time.perf_counter()
-        if self.session is None:
+        if window_of is not None:
+            self.session = self._window(self.context, self.session, window_of)
+        elif self.session is None:
             self.session, prompt = self.model.start(self.context.prompt_ids, self.context.max_positions)
-            if window_of is None:
-                self.session.prefill(prompt[:-1])
-        if window_of is not None and window_of - self.session.length > WINDOW:
-            self.session = WindowSession(self.session, window_of - self.session.length - WINDOW)
+            self.session.prefill(prompt[:-1])
         self.level.time_total += time.perf_counter() - t0
 
     def _propose_copy(self, sequence: Sequence[int], k: int) -> Draft | None:

@@ -53,12 +53,6 @@ class WindowSession:
     def tokens(self) -> None:
         return None  # (no host copy: the inner session's ids are not the sequence's)
 
-    def extend(self, tokens: Any, n_logits: int = 1) -> Any:
-        return self.inner.extend(tokens, n_logits)
-
-    def prefill(self, ids: Any) -> Any:
-        return self.inner.prefill(ids)
-
     def rollback(self, length: int) -> None:
         """Keep sequence positions [0, length): inside the tail as bookkeeping, into the skipped stretch (or the head)
         by dropping the window."""
@@ -70,7 +64,7 @@ class WindowSession:
             self.inner.rollback(min(length, self.head))
             self.skipped = 0
 
-    def __getattr__(self, name: str) -> Any:  # forward_passes, last_pass_tokens, device, model, kv, close, ...
+    def __getattr__(self, name: str) -> Any:  # extend, prefill, forward_passes, kv, close, ...: the inner session's
         return getattr(self.inner, name)
 
 
