@@ -45,7 +45,9 @@ def counted(monkeypatch):
 def test_the_decoder_step_gives_transformers_bits(kind, method, n_threads, counted):
     torch.set_num_threads(n_threads)
     model = quantized_copy(load_tiny(kind, eos=None, hidden=128), method)
-    assert decoder_step.decoder_step(model.hf_model) is not None
+    runner = decoder_step.decoder_step(model.hf_model)
+    assert runner is not None
+    assert runner.norm_lanes() == ATEN_LANES.get(torch.backends.cpu.get_cpu_capability(), runner.norm_lanes())
     ours = passes(model)  # a prefill, steps and blocks after rolled-back detours, both engines
     assert counted[0] > 0  # the dynamic engine's cached passes ran it
     decoder_step.set_enabled(model.hf_model, False)
@@ -54,6 +56,33 @@ def test_the_decoder_step_gives_transformers_bits(kind, method, n_threads, count
     theirs = passes(model)
     assert counted[0] == used  # none ran it
     assert torch.equal(ours, theirs)
+
+
+#: The float vector width of ATen's sums per CPU capability (what the extension's RMSNorm must reproduce).
+ATEN_LANES = {"AVX2": 8, "AVX512": 16}
+
+
+@pytest.mark.parametrize("hidden", [12, 64, 100, 896, 1536, 3584, 70000])
+def test_the_extensions_rms_norm_has_atens_bits(hidden):
+    from specdec.models.native.causal_lm import NativeRMSNorm
+
+    norm = NativeRMSNorm(hidden, 1e-6)
+    norm.weight = torch.nn.Parameter(torch.randn(hidden, generator=torch.Generator().manual_seed(hidden)),
+                                     requires_grad=False)
+    lanes = decoder_step.norm_lanes(norm)
+    assert lanes == ATEN_LANES.get(torch.backends.cpu.get_cpu_capability(), lanes) and lanes in (8, 16)
+    ext = extension.loaded()
+    generator = torch.Generator().manual_seed(1)
+    other_differs = False
+    for rows in (1, 3, 64, 300):  # a step, a verification, prefills (different lengths, one algorithm a row)
+        h = torch.randn(1, rows, hidden, generator=generator) * 10 ** torch.randint(-3, 4, (1, rows, 1), generator=generator)
+        expected = norm(h)
+        assert torch.equal(ext.rms_norm_lanes(h, norm.weight, 1e-6, lanes).view(h.shape), expected)
+        other = ext.rms_norm_lanes(h, norm.weight, 1e-6, 24 - lanes).view(h.shape)
+        other_differs |= not torch.equal(other, expected)
+    assert other_differs or hidden < 16  # (the other width sums in another order: the check tells them apart)
+    with pytest.raises(RuntimeError, match="lanes 8 or 16"):
+        ext.rms_norm_lanes(h, norm.weight, 1e-6, 4)
 
 
 def test_generation_is_unchanged_and_uses_the_step(counted):

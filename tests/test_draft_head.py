@@ -37,6 +37,23 @@ def test_the_kept_logits_are_the_full_heads_bit_for_bit(quantize):
     assert torch.equal(cut[:, :40], full[:, :40]) and bool(torch.isneginf(cut[:, 40:]).all())
 
 
+def test_a_head_keeps_the_first_n_and_the_end_of_sequence_ids_apart_from_them():
+    head = torch.nn.Linear(16, 64, bias=False)
+    subset = SubsetHead(head, kept_ids(40, 64, {50, 62}), 64)
+    assert subset.leading == 40 and subset.rest.tolist() == [50, 62]  # one slice copy, then two ids one by one
+    hidden = torch.randn(3, 16)
+    with torch.no_grad():
+        rows, cut = subset.rows(hidden), subset(hidden)  # the kept rows' logits [3, 42], all 64
+    kept = torch.tensor([*range(40), 50, 62])
+    assert torch.equal(cut[:, kept], rows) and torch.allclose(rows, head(hidden).detach()[:, kept], atol=1e-6)
+    others = torch.ones(64, dtype=torch.bool)
+    others[kept] = False
+    assert bool(torch.isneginf(cut[:, others]).all())
+    gap = SubsetHead(head, torch.tensor([0, 1, 3, 7]), 64)  # (no leading run past id 1)
+    with torch.no_grad():
+        assert gap.leading == 2 and torch.equal(gap(hidden)[:, [0, 1, 3, 7]], gap.rows(hidden))
+
+
 def test_greedy_speculation_with_a_restricted_draft_equals_plain_greedy():
     target = load_tiny(vocab=64, eos=None)
     plain = specdec.generate(target, [1, 10, 11, 12, 13], max_new_tokens=40, temperature=0)

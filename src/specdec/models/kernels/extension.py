@@ -42,7 +42,7 @@ SOURCES = [Path(__file__).parent / "csrc" / name
                         "attention_avx2.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("output_parts.h", "amx_tiles.h", "attention_pairs.h", "attention_rows.h", "avx2_lanes.h",
-                        "work_items.h")]
+                        "work_items.h", "rms_norm.h")]
 #: Output columns per packed group and input columns per 32-bit lane (the kernel's layout).
 GROUP, LANE = 32, 4
 #: Passes of at least this many rows run on AMX tiles where the CPU has them (the same bits: exact int32 sums);

@@ -17,6 +17,7 @@
 // Where OpenMP's idle threads sleep, transformers' forward runs serial outside the GEMMs and lends the GEMMs the
 // caller's threads (specdec.models.kernels.threads): `kernel_threads` > 0 does the same here.
 #include <torch/extension.h>
+#include "rms_norm.h"
 #include <ATen/Parallel.h>
 #include <cstdint>
 #include <string>
@@ -111,6 +112,14 @@ class DecoderStep {
   }
 
   int64_t layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // The RMSNorms (and the residual adds before them) in one pass a row with ATen's bits for sums in vectors of
+  // `lanes` (8 or 16: rms_norm.h), where the caller found them equal to ATen's here; 0: ATen's ops.
+  void set_norm_lanes(int64_t lanes) {
+    TORCH_CHECK(lanes == 0 || lanes == 8 || lanes == 16, "decoder step: norm lanes 0, 8 or 16, not ", lanes);
+    norm_lanes_ = static_cast<int>(lanes);
+  }
+  int64_t norm_lanes() const { return norm_lanes_; }
 
   // h [B, L, H] float32 (the embedded new tokens), cos / sin [B, L, D], keys / values per layer: buffers
   // [B, H_kv, capacity, D] holding `length` positions (capacity >= length + L) -> the last layer's output [B, L, H];
@@ -207,38 +216,66 @@ class DecoderStep {
   torch::Tensor run(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin, int64_t B, int64_t L,
                     const Attend& attend, int64_t amx_from, int64_t kernel_threads) {
     const int64_t H = h.size(2);
+    const int lanes = norm_lanes_;
+    if (lanes) h = h.contiguous().clone();  // (added to in place below)
+    torch::Tensor pending;  // the last sublayer's output, not yet added to h (fused into the next norm)
+    // x = norm(h + pending) [M, H], h updated
+    auto norm = [&](const torch::Tensor& weight, double eps) {
+      if (!lanes) {
+        if (pending.defined()) h = at::add(h, pending.view({B, L, H}));
+        pending = torch::Tensor();
+        return rms_norm(h, weight, eps).reshape({B * L, H});
+      }
+      auto x = rms::residual_norm(h, pending.defined() ? &pending : nullptr, weight, eps, lanes);
+      pending = torch::Tensor();
+      return x.view({B * L, H});
+    };
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
-      auto x = rms_norm(h, layer.norm_in, layer.eps_in).reshape({B * L, H});  // [M, H]
+      auto x = norm(layer.norm_in, layer.eps_in);  // [M, H]
       auto qkv = linear_parts(layer.qkv, x, amx_from, kernel_threads);  // q [M, H_q * D], k, v [M, H_kv * D]
       TORCH_CHECK(qkv.size() == 3, "decoder step: the attention's projections give ", qkv.size(), " parts, not 3");
       auto qk = rotary(qkv[0].view({B, L, -1, head_dim_}), qkv[1].view({B, L, -1, head_dim_}), cos,
                        sin);  // q [B, H_q, L, D], k [B, H_kv, L, D]
       auto v = qkv[2].view({B, L, -1, head_dim_}).transpose(1, 2);  // [B, H_kv, L, D]
       auto attended = attend(i, qk[0], qk[1], v);  // [B, L, H_q, D]
-      auto o = linear_parts(layer.o, attended.reshape({B, L, -1}).contiguous().view({B * L, -1}), amx_from,
-                            kernel_threads)[0];  // [M, H]
-      h = at::add(h, o.view({B, L, H}));
-      x = rms_norm(h, layer.norm_post, layer.eps_post).reshape({B * L, H});
+      pending = linear_parts(layer.o, attended.reshape({B, L, -1}).contiguous().view({B * L, -1}), amx_from,
+                             kernel_threads)[0];  // [M, H]
+      x = norm(layer.norm_post, layer.eps_post);
       auto gu = linear_parts(layer.gate_up, x, amx_from, kernel_threads);  // gate, up [M, I]
       TORCH_CHECK(gu.size() == 2, "decoder step: the MLP's gate and up give ", gu.size(), " parts, not 2");
       auto act = at::mul(at::silu(gu[0]), gu[1]);
-      auto down = linear_parts(layer.down, act, amx_from, kernel_threads)[0];  // [M, H]
-      h = at::add(h, down.view({B, L, H}));
+      pending = linear_parts(layer.down, act, amx_from, kernel_threads)[0];  // [M, H]
+    }
+    if (pending.defined()) {
+      if (lanes) h.add_(pending.view({B, L, H}));
+      else h = at::add(h, pending.view({B, L, H}));
     }
     return h;
   }
 
   int64_t head_dim_;
   double scaling_;
+  int norm_lanes_ = 0;
   std::vector<Layer> layers_;
 };
 
+// x = weight * (h * rsqrt(mean(h^2, -1) + eps)) for float32 h [.., H], summing as ATen does in vectors of `lanes`
+// (rms_norm.h): what the decoder step's norms compute; the Python side compares it with ATen's ops.
+torch::Tensor rms_norm_lanes(const torch::Tensor& h, const torch::Tensor& weight, double eps, int64_t lanes) {
+  TORCH_CHECK(lanes == 8 || lanes == 16, "rms_norm_lanes: lanes 8 or 16, not ", lanes);
+  auto copy = h.to(torch::kFloat32).contiguous().clone();
+  return rms::residual_norm(copy, nullptr, weight.to(torch::kFloat32).contiguous(), eps, static_cast<int>(lanes));
+}
+
 void bind_decoder_step(pybind11::module& m) {
+  m.def("rms_norm_lanes", &rms_norm_lanes, "transformers' RMSNorm with ATen's bits for sums in vectors of `lanes`");
   pybind11::class_<DecoderStep>(m, "DecoderStep", pybind11::dynamic_attr())  // (Python notes its layers on it)
       .def(pybind11::init<int64_t, double>())
       .def("add_layer", &DecoderStep::add_layer)
       .def("layers", &DecoderStep::layers)
+      .def("set_norm_lanes", &DecoderStep::set_norm_lanes)
+      .def("norm_lanes", &DecoderStep::norm_lanes)
       .def("forward", &DecoderStep::forward, pybind11::call_guard<pybind11::gil_scoped_release>())  // (no Python inside)
       .def("forward_packed", &DecoderStep::forward_packed, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
