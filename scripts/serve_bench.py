@@ -30,10 +30,11 @@ environment (`--openvino-python`), in-process and one request at a time, so only
     python scripts/serve_bench.py --clients 8 --workloads completion,chat --repeat 3 --servers specdec,llama-server
 
 With ``--repeat N`` specdec and its plain batching run N times each per level, alternating, each on a fresh server,
-in the order A B B A A B ... (specdec first in the first, third, ... run, its plain first in the others): this
+in the order A B B A A B ... (specdec first in the first, third, ... run, its plain first in the others), and
+llama-server plain runs in each repeat with them (A B C C B A: its speculative modes once a level, after): this
 machine's speed drifts 5-30% between runs, more than speculation gains where a batch's passes are compute-bound (8
 rows on 2 cores), and a steady drift over A B A B favours whichever runs second; so the verdicts compare their means
-and list each run's ratio.
+and list each run's ratios (against its plain and against llama-server plain).
 
 Timing is not CI's business: this is a benchmark command. Run it with the machine to yourself.
 """
@@ -403,13 +404,15 @@ def run_openvino(python: str, target: Path, draft: Path | None, gamma: int, work
 # --- the report ----------------------------------------------------------------------------------------------------
 
 def peer_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
-    """The best llama-server row per (workload, clients): the peer the bar compares with."""
+    """The best llama-server mode per (workload, clients), by its mean over its runs (:func:`mean_row`): the peer the
+    bar compares with."""
     best: dict[tuple[str, int], dict] = {}
-    for r in rows:
-        if r["server"].startswith("llama-server"):
-            key = (r["workload"], r["clients"])
-            if key not in best or r["output_tokens_per_s"] > best[key]["output_tokens_per_s"]:
-                best[key] = r
+    for server, workload, clients in {(r["server"], r["workload"], r["clients"]) for r in rows
+                                      if r["server"].startswith("llama-server")}:
+        row = mean_row(rows, server, workload, clients)
+        key = (workload, clients)
+        if key not in best or row["output_tokens_per_s"] > best[key]["output_tokens_per_s"]:
+            best[key] = row
     return best
 
 
@@ -442,6 +445,8 @@ def verdicts(rows: list[dict]) -> list[dict]:
         if peer is not None:
             v.update(peer=peer["server"], peer_tokens_per_s=peer["output_tokens_per_s"],
                      vs_peer=spec["output_tokens_per_s"] / peer["output_tokens_per_s"])
+            if len(peer["runs"]) > 1 and len(peer["runs"]) == len(spec["runs"]):  # (it ran in each repeat)
+                v["vs_peer_runs"] = [a / b for a, b in zip(spec["runs"], peer["runs"])]
         if plain is not None:
             v["plain"] = plain["output_tokens_per_s"]
             v["vs_plain"] = spec["output_tokens_per_s"] / plain["output_tokens_per_s"]
@@ -479,6 +484,8 @@ def tables(doc: dict) -> str:
         ov = f"{v['openvino_tokens_per_s']:.2f} ({v['openvino']})" if "openvino" in v else ""
         bar = f">= {v['bar']}x, >= plain" if v["bar"] else ">= plain"
         peer = f"{v['peer_tokens_per_s']:.2f} ({v['peer']}) | {v['vs_peer']:.2f}x" if "peer" in v else "not run | "
+        if "vs_peer_runs" in v:
+            peer += f" (runs {min(v['vs_peer_runs']):.2f}-{max(v['vs_peer_runs']):.2f}x)"
         lines.append(f"| {v['workload']} | {v['clients']} | {v['specdec']:.2f} | {plain} | {vs_plain} | {peer} | "
                      f"{ov} | {bar} | "
                      f"{'n/a' if v['meets_bar'] is None else 'yes' if v['meets_bar'] else 'no'} |")
@@ -503,7 +510,7 @@ def main() -> int:
     parser.add_argument("--openvino-gamma", type=int, default=4, help="OpenVINO's num_assistant_tokens")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1, help="runs of specdec and its plain batching per level, "
-                        "alternating, each on a fresh server (the verdicts compare their means)")
+                        "alternating, each on a fresh server, llama-server plain among them (the verdicts compare means)")
     parser.add_argument("--serve-args", default="", help="extra `specdec serve` options")
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "specdec" / "llama-server"))
     parser.add_argument("--out", default="serve_bench")
@@ -545,11 +552,32 @@ def main() -> int:
 
     env_threads = {"OMP_NUM_THREADS": str(args.threads)}
     os.environ.update(env_threads)
+    binary = build_llama_server(Path(args.cache)) if "llama-server" in servers else None
+    # llama-server plain joins each repeat (A B C C B A ...) where --repeat > 1, so its ratio is within a run too
+    with_peer = binary is not None and args.repeat > 1 and "specdec" in servers
+
+    def run_llama(mode: str, clients: int, run: int | None) -> None:
+        log_name = f"llama-server_{mode}_{clients}" + (f"_run{run + 1}" if run is not None else "")
+        server = LlamaServer(binary, llama_args(mode, clients, args.threads, target, draft), out / f"{log_name}.log")
+        try:
+            warm_up(server.url, "llama-server")
+            for workload in workloads:
+                row = run_level(server.url, "llama-server", work[(workload, clients)], clients, {})
+                if run is not None:
+                    row["run"] = run
+                record(f"llama-server {mode}", workload, row)
+        finally:
+            server.close()
+
     if "specdec" in servers:
         for clients in levels:
             for run in range(args.repeat):
                 pair = [("specdec", {}), ("specdec plain", {"draft": "none"})]
-                for name, extra in (pair if run % 2 == 0 else pair[::-1]):  # (ABBA: a drift over the runs cancels)
+                members = pair + ([("llama-server plain", None)] if with_peer else [])
+                for name, extra in (members if run % 2 == 0 else members[::-1]):  # (ABBA: a drift cancels)
+                    if extra is None:
+                        run_llama("plain", clients, run)
+                        continue
                     log_name = f"{name.replace(' ', '_')}_{clients}" + (f"_run{run + 1}" if args.repeat > 1 else "")
                     server = Server(["--max-batch", "8", "--max-queue", "64", *args.serve_args.split()],
                                     out / f"{log_name}.log")
@@ -570,23 +598,14 @@ def main() -> int:
                         both[0]["identical"] = both[1]["identical"] = sum(
                             a == b for a, b in zip(both[0]["texts"], both[1]["texts"]))
                 save()
-    if "llama-server" in servers:
-        binary = build_llama_server(Path(args.cache))
+    if binary is not None:
         spec_levels = {int(c) for c in args.llama_spec_clients.split(",") if c}
         modes = ["plain", *[f"draft-{n}" for n in args.llama_draft_n.split(",") if n], "ngram"]
         for clients in levels:
             for mode in modes:
-                if mode != "plain" and clients not in spec_levels:
+                if (mode != "plain" and clients not in spec_levels) or (mode == "plain" and with_peer):
                     continue
-                server = LlamaServer(binary, llama_args(mode, clients, args.threads, target, draft),
-                                     out / f"llama-server_{mode}_{clients}.log")
-                try:
-                    warm_up(server.url, "llama-server")
-                    for workload in workloads:
-                        record(f"llama-server {mode}", workload,
-                               run_level(server.url, "llama-server", work[(workload, clients)], clients, {}))
-                finally:
-                    server.close()
+                run_llama(mode, clients, None)
     if "openvino" in servers and 1 in levels:
         python = args.openvino_python
         if not Path(python).is_file():

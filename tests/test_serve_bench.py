@@ -138,6 +138,27 @@ def test_verdicts_compare_the_means_of_repeated_runs(sb):
                                               "rows": rows, "verdicts": [v]})
 
 
+def test_a_peer_that_ran_in_each_repeat_is_its_mean_and_each_runs_ratio_is_listed(sb):
+    """--repeat with llama-server: its plain ran in each repeat beside specdec (A B C C B A); the peer is the best mode
+    by its mean over its runs (not its luckiest run), and each run's ratio against it is listed."""
+    def row(server, run, tps):
+        return {"server": server, "workload": "chat", "clients": 1, "output_tokens_per_s": tps, "requests": 8,
+                "run": run, "identical": 8, "latency_p50_s": 5.0, "latency_p95_s": 9.0}
+
+    rows = [row("specdec", 0, 15.0), row("specdec plain", 0, 13.0), row("llama-server plain", 0, 10.0),
+            row("llama-server plain", 1, 8.0), row("specdec plain", 1, 12.0), row("specdec", 1, 12.0),
+            {**row("llama-server draft-4", 0, 9.5), "run": None}]  # (a mode that ran once: 9.5 > plain's mean 9.0)
+    (v,) = sb.verdicts(rows)
+    assert v["peer"] == "llama-server draft-4" and v["vs_peer"] == pytest.approx(13.5 / 9.5) and "vs_peer_runs" not in v
+    rows = rows[:-1]
+    (v,) = sb.verdicts(rows)
+    assert v["peer"] == "llama-server plain" and v["peer_tokens_per_s"] == pytest.approx(9.0)
+    assert v["vs_peer"] == pytest.approx(1.5) and v["vs_peer_runs"] == pytest.approx([1.5, 1.5]) and v["meets_bar"]
+    table = sb.tables({"cpu": "c", "date": "d", "specdec_commit": "x", "llama_cpp_python": "y", "rows": rows,
+                       "verdicts": [v]})
+    assert "| 9.00 (llama-server plain) | 1.50x (runs 1.50-1.50x) |" in table
+
+
 def test_verdicts_without_llama_server_still_compare_with_plain(sb):
     """A run of specdec alone (--servers specdec): the verdict compares it with its plain batching; the bar against
     llama-server cannot be judged (None, 'n/a'), except where it has no peer bar (2 clients: >= plain only)."""
