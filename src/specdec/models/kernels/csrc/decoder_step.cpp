@@ -6,7 +6,8 @@
 // modules, their Python and a few hundred small ops. Here each layer makes the same calls in the same order with the
 // same shapes, so its bits are the Python path's (specdec.models.native.lean_attention with the row attention, tested):
 //
-//   x = input_layernorm(h)             w * (h * rsqrt(mean(h^2, -1) + eps)), ATen's ops as transformers calls them
+//   x = input_layernorm(h)             w * (h * rsqrt(mean(h^2, -1) + eps)): ATen's ops as transformers calls them,
+//                                      or with their bits in one pass a row (rms_norm.h, set_norm_lanes)
 //   q, k, v = qkv(x)                   the extension's int8 / int4 GEMMs (one fused call or one per projection)
 //   q, k = rotary(q, k, cos, sin)      the extension's rotary (transformers' arithmetic)
 //   cache[length : length + L] = k, v  the preallocated cache's buffers (specdec.models.cache.kv_cache)

@@ -70,16 +70,14 @@ float sum_squares(const float* x, int64_t n) {
 }
 
 inline float sum_squares(const float* x, int64_t n, int lanes) {
-  if (n < lanes) {  // (ATen's scalar inner sum: row_sum over single values)
-    float total = 0.0f;
+  if (n < lanes) {  // (ATen's scalar inner sum: row_sum over single values, too few for its cascade)
     const int64_t size = n / 4;
     float part[4] = {};
     for (int64_t i = 0; i < size; ++i)
       for (int k = 0; k < 4; ++k) part[k] += x[i * 4 + k] * x[i * 4 + k];
     for (int64_t i = size * 4; i < n; ++i) part[0] += x[i] * x[i];
     for (int k = 1; k < 4; ++k) part[0] += part[k];
-    total = part[0];
-    return total;
+    return part[0];
   }
   return lanes == 16 ? sum_squares<16>(x, n) : sum_squares<8>(x, n);
 }
