@@ -68,13 +68,12 @@ class SubsetHead(torch.nn.Module):
     def __init__(self, head: Any, keep: torch.Tensor, vocab_size: int):
         super().__init__()
         self.rows = _head_rows(head, keep)
-        self.register_buffer("keep", keep, persistent=False)  # [K]
         self.out_features = vocab_size  # V: what LanguageModel.vocab_size reads
         # the kept ids' leading run 0 .. n - 1 (a cut's first n ids) goes over as one slice copy, the rest one by one
         # (index_copy_ of all 65,538 took ~0.15 ms of the 0.5B's step)
         leading = (keep == torch.arange(keep.numel(), device=keep.device)).int().cumprod(0)
         self.leading = int(leading.sum())
-        self.register_buffer("rest", keep[self.leading:], persistent=False)  # [K - n]
+        self.register_buffer("rest", keep[self.leading:], persistent=False)  # [K - n]: the kept ids past the run
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         kept = self.rows(hidden)  # [..., K]
