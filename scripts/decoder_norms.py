@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import specdec  # first: it picks OpenMP's wait policy before torch loads the runtime (specdec/__init__.py)
+from specdec.bench.timing import alternated  # noqa: E402
 from specdec.config import DEFAULT_TARGET, default_draft  # noqa: E402
 from specdec.drafters import plan_draft  # noqa: E402
 from specdec.models.kernels import cpu  # noqa: E402
@@ -39,24 +38,14 @@ def pairs(model, k: int, context: int, n: int) -> dict:
     session, start = model.start(ids, len(ids) + 1)
     session.prefill(start[:-k])
 
-    def one() -> float:
-        t0 = time.perf_counter()
+    def one() -> None:  # (the rollback is position bookkeeping: timed with the pass)
         session.extend(start[-k:], k)
-        elapsed = time.perf_counter() - t0
         session.rollback(len(start) - k)
-        return elapsed
 
-    one()
-    times = {lanes: [], 0: []}
-    for i in range(n):
-        for way in ((lanes, 0) if i % 2 == 0 else (0, lanes)):
-            runner.set_norm_lanes(way)
-            times[way].append(one())
-    runner.set_norm_lanes(lanes)
+    r = alternated(one, runner.set_norm_lanes, (lanes, 0), n)
     session.close()
-    ratios = [a / b for a, b in zip(times[lanes], times[0])]
-    return {"model": model.name, "k": k, "lanes": lanes, "fused_ms": 1000 * statistics.median(times[lanes]),
-            "aten_ms": 1000 * statistics.median(times[0]), "median_pair_ratio": statistics.median(ratios)}
+    return {"model": model.name, "k": k, "lanes": lanes, "fused_ms": 1000 * r["a_s"], "aten_ms": 1000 * r["b_s"],
+            "median_pair_ratio": r["median_pair_ratio"]}
 
 
 def main() -> int:

@@ -14,28 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import specdec  # first: it picks OpenMP's wait policy before torch loads the runtime (specdec/__init__.py)
 import torch  # noqa: E402
-from specdec.models.kernels import extension
+from specdec.bench.timing import alternated  # noqa: E402
+from specdec.models.kernels import extension  # noqa: E402
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 40
 
 
 def pairs(ext, run, n: int) -> dict:
-    times = {True: [], False: []}
-    for i in range(n):
-        for taking in ((True, False) if i % 2 == 0 else (False, True)):
-            ext.set_dynamic_split(taking)
-            start = time.perf_counter()
-            run()
-            times[taking].append(time.perf_counter() - start)
-    ext.set_dynamic_split(True)
-    ratios = [a / b for a, b in zip(times[True], times[False])]
-    return {"taking_s": statistics.median(times[True]), "equal_s": statistics.median(times[False]),
-            "median_pair_ratio": statistics.median(ratios), "taking_won": sum(r < 1 for r in ratios) / len(ratios)}
+    r = alternated(run, ext.set_dynamic_split, (True, False), n)
+    return {"taking_s": r["a_s"], "equal_s": r["b_s"], "median_pair_ratio": r["median_pair_ratio"],
+            "taking_won": r["a_won"]}
 
 
 def main() -> int:

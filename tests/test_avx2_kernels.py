@@ -37,7 +37,7 @@ def test_the_gemms_give_the_avx512_bits(both, n, k):
     torch.manual_seed(n + k)
     weight, bias = torch.randn(n, k), torch.randn(n)
     int4, int8 = Int4Weight.quantize(weight), int8_packed.PackedInt8Weight(quantize_weight(weight, True))
-    for m in (1, 2, 3, 5, 7, 8, 13):  # (the int4 code: one pass of 1-5 rows, then 5 + 2, 5 + 3, 5 + 5 + 3)
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 13, 14):  # (the AVX2 int4 code: up to 8 rows in one call, then 6 + 7, 6 + 8)
         x = torch.randn(m, k) * 3
         x[0, :7] = 0.0  # zeros and a row's largest value among them
         avx512, avx2 = both(lambda: [int4.rows(x, bias=bias), int8.rows(x, bias=bias), int8.rows(x, per_pass=True),

@@ -352,3 +352,24 @@ def test_a_process_warms_each_configuration_up_once_per_temperature_not_once_per
                  "1", "--methods", "specdec-plain,specdec-spec", "--temperatures", "0,1", "--dtype", "fp32")
     bench.run(args, target=target, draft=draft, progress=False)
     assert calls == {"warm": 2 * 2, "timed": 2 * 4 * 2}  # 2 configurations x 2 temperatures; x 4 prompts timed
+
+
+def test_two_ways_alternate_within_each_pair_and_their_ratios_are_the_pairs(monkeypatch):
+    """bench.timing.alternated: an untimed call first, the order a b, b a, a b, ...; medians and the pairs' ratios
+    from the clock; the switch left at the first way."""
+    from specdec.bench import timing
+
+    clock, way, order = [0.0], ["?"], []
+    cost = {"fast": 1.0, "slow": 2.0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+
+    def run():
+        order.append(way[0])
+        clock[0] += cost[way[0]] if way[0] in cost else 100.0
+
+    def switch(w):
+        way[0] = w
+
+    r = timing.alternated(run, switch, ("fast", "slow"), 3)
+    assert order == ["?", "fast", "slow", "slow", "fast", "fast", "slow"] and way[0] == "fast"
+    assert r == {"a_s": 1.0, "b_s": 2.0, "median_pair_ratio": 0.5, "a_won": 1.0}

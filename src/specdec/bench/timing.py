@@ -39,6 +39,26 @@ def timed(fn: Callable[[], Any], device: Any = None) -> tuple[Any, float, float]
     return result, seconds, cpu
 
 
+def alternated(run: Callable[[], Any], switch: Callable[[Any], Any], ways: tuple[Any, Any], n: int) -> dict:
+    """``run()`` ``n`` times each of two ways (``switch(way)`` before each call), the order alternating within each
+    pair, after one untimed call: a CPU whose speed moves within seconds times both ways at the same moments. The
+    switch is left at ``ways[0]``. Returns the medians (``a_s``, ``b_s``), the median of the pairs' ratios a / b and
+    the share of pairs way a won."""
+    a, b = ways
+    run()
+    times: dict[Any, list[float]] = {a: [], b: []}
+    for i in range(n):
+        for way in ((a, b) if i % 2 == 0 else (b, a)):
+            switch(way)
+            t0 = time.perf_counter()
+            run()
+            times[way].append(time.perf_counter() - t0)
+    switch(a)
+    ratios = [x / y for x, y in zip(times[a], times[b])]
+    return {"a_s": median(times[a]), "b_s": median(times[b]), "median_pair_ratio": median(ratios),
+            "a_won": sum(r < 1 for r in ratios) / len(ratios)}
+
+
 def forward_time(model: LanguageModel, prompt_ids: list[int], k: int, repeats: int = COST_REPEATS) -> float:
     """Median seconds of one cached forward pass over k new tokens at the end of ``prompt_ids``.
 

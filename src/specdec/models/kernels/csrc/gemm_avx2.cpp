@@ -21,6 +21,7 @@
 
 namespace {
 bool avx2_path = false;
+std::atomic<bool> six_row_chunks{true};  // group_rows4_avx2's chunks (false: 5 rows a call, 4 in two passes: before)
 std::atomic<int64_t> avx2_call_count{0};  // kernel calls that ran the AVX2 code (what the tests check)
 }
 
@@ -28,6 +29,7 @@ void set_avx2(bool on) { avx2_path = on; }
 bool use_avx2() { return avx2_path; }
 void count_avx2_call() { avx2_call_count.fetch_add(1, std::memory_order_relaxed); }
 int64_t avx2_calls() { return avx2_call_count.load(); }
+void set_row_chunks4_avx2(bool six) { six_row_chunks.store(six, std::memory_order_relaxed); }
 
 namespace {
 
@@ -212,11 +214,12 @@ inline __m256 bytes8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight)));
 }
 
-// One group of 32 columns for MB (<= 5) rows, in 2 / NH passes over the weights of NH column halves each (half h:
+// One group of 32 columns for MB (<= 8) rows, in 2 / NH passes over the weights of NH column halves each (half h:
 // c0 + 8h .. + 7 in the low nibbles of bytes 32h .. 32h + 31, c0 + 16 + 8h .. in their high nibbles): per sub-block
 // the exact int32 sums (vpmaddubsw, then vpmaddwd with ones), folded into the float sums exactly as group_rows4 folds
-// them. NH = 2 (one to three rows) reads each 64-byte line once, its two 32-byte halves in turn (12 sums, the half's
-// two nibble sets, the mask and a broadcast: 16 registers at 3 rows); NH = 1 holds half the sums a row, so 5 rows fit.
+// them. NH = 2 (one to four rows) reads each 64-byte line once, its two 32-byte halves in turn (12 sums, the half's
+// two nibble sets, the mask and a broadcast: 16 registers at 3 rows; at 4 a few sums spill); NH = 1 holds half the
+// sums a row (5 rows: 10 sums; 6 to 8 spill some, and still cost less a row: group_rows4_avx2's chunks).
 template <int MB, int NH>
 __attribute__((target("avx2,fma,f16c")))
 void group4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp, const int8_t* xq,
@@ -290,18 +293,32 @@ void group4(const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t K
 
 }  // namespace
 
+// The row chunks of an M-row pass, each one call of group4 over the group (its weights in cache after the first).
+// group4 alone, one thread, hot weights, on the AVX2 EPYC (Zen 3, 2026-12-08), per row relative to 5 rows: 1 row 2.0,
+// 2 rows 1.15, 3 1.04, 4 in one pass 1.03 (in two 1.12), 6 0.92, 7 0.96, 8 0.98. So up to 8 rows go in one call, and
+// a wider pass (a prefill, a long prediction) in 6-row calls until at most 8 are left: 9 = 6 + 3, 13 = 6 + 7, 14 =
+// 6 + 8 (never a lone row at twice the cost a row). The 1.5B's cached pass against 5-row calls
+// (scripts/int4_row_chunks.py, pairs alternated): 4 tokens 0.91x, 6 0.90x, 7 0.95x, 8 0.96x, 12 0.94x, 32 0.99x.
+// (set_row_chunks4_avx2(false): the chunks of before, 5 rows a call and 4 in two passes, to measure the difference.)
+inline int64_t row_chunk4_avx2(int64_t rows, bool six) {
+  return six ? (rows <= 8 ? rows : 6) : std::min<int64_t>(5, rows);
+}
+
 void group_rows4_avx2(int64_t rows, const uint8_t* wg, const c10::Half* dg, const uint8_t* sg, int64_t Kp,
                       const int8_t* xq, const int32_t* xsum, const float* sr, const float* bias, const Out& out,
                       int64_t m0, int64_t n0) {
   using Fn = void (*)(const uint8_t*, const c10::Half*, const uint8_t*, int64_t, const int8_t*, const int32_t*,
                       const float*, const float*, const Out&, int64_t, int64_t);
-  // up to 5 rows a pass (10 accumulators, a weight load, its two nibble sets, the mask, a broadcast: 15 registers), so
-  // a verification of gamma + 1 = 5 rows reads each weight once (measured here: 5 rows ~5% faster than 4 + 1)
-  // one to three rows take all four column sets a pass (12 sums at most): each weight line loaded once, not twice
-  // (3 rows, gamma 2's verification: a layer 1.05x one row's time here on the AVX2 EPYC, 1.36x in two passes)
-  static const Fn fns[6] = {nullptr, group4<1, 2>, group4<2, 2>, group4<3, 2>, group4<4, 1>, group4<5, 1>};
-  for (int64_t r = 0; r < rows; r += 5) {
-    const int64_t mb = std::min<int64_t>(5, rows - r);
-    fns[mb](wg, dg, sg, Kp, xq + r * Kp, xsum + r * (Kp / 32), sr + r, bias, out, m0 + r, n0);
+  // one to four rows take all four column sets a pass (each 64-byte weight line loaded once: 3 rows, gamma 2's
+  // verification, a layer 1.05x one row's time here on the AVX2 EPYC, 1.36x in two passes; 4 rows 16 sums, a few
+  // spilled, still ~9% faster than two passes); five to eight rows two column sets a pass (10 to 16 sums)
+  static const Fn fns[9] = {nullptr,        group4<1, 2>, group4<2, 2>, group4<3, 2>, group4<4, 2>,
+                            group4<5, 1>, group4<6, 1>, group4<7, 1>, group4<8, 1>};
+  const bool six = six_row_chunks.load(std::memory_order_relaxed);
+  for (int64_t r = 0; r < rows;) {
+    const int64_t mb = row_chunk4_avx2(rows - r, six);
+    (!six && mb == 4 ? group4<4, 1> : fns[mb])(wg, dg, sg, Kp, xq + r * Kp, xsum + r * (Kp / 32), sr + r, bias, out,
+                                               m0 + r, n0);
+    r += mb;
   }
 }

@@ -274,6 +274,7 @@ std::vector<torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k
 void bind_decoder_step(pybind11::module& m);
 void set_avx2(bool on);
 int64_t avx2_calls();
+void set_row_chunks4_avx2(bool six);
 
 namespace {
 std::atomic<bool> dynamic_groups{true};
@@ -299,5 +300,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_dynamic_split", &set_dynamic_split, "let a thread done with its share of the GEMMs' column groups take "
         "from the end of another's (the default), or keep the equal shares (to measure it; the same bits either way)");
   m.def("stolen_groups", &stolen_groups, "how many column groups a thread took from another's share so far");
+  m.def("set_row_chunks4_avx2", &set_row_chunks4_avx2, "the AVX2 int4 code's row chunks: up to 8 rows a call, "
+        "then 6 (the default), or 5 rows a call and 4 in two passes (before; to measure it: the same bits either way)");
   m.def("avx2_calls", &avx2_calls, "how many GEMM and attention calls ran the AVX2 code so far");
 }
