@@ -28,16 +28,10 @@ from pathlib import Path
 def prompts_of(target, workload: str, n: int) -> list[list[int]]:
     import serve_bench
 
-    out = []
-    for job in serve_bench.jobs(workload, n):
-        if job["turns"]:
-            raise SystemExit(f"{workload}: a conversation resends its turns through a server; not run here")
-        if job["kind"] == "chat":
-            ids = target.tokenizer.apply_chat_template(job["messages"], add_generation_prompt=True, tokenize=True)
-            out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))  # (a BatchEncoding in 5.x)
-        else:
-            out.append(target.tokenizer(job["prompt"])["input_ids"])
-    return out
+    jobs = serve_bench.jobs(workload, n)
+    if any(job["turns"] for job in jobs):
+        raise SystemExit(f"{workload}: a conversation resends its turns through a server; not run here")
+    return [serve_bench.job_ids(target.tokenizer, job) for job in jobs]
 
 
 def run(engine, prompts: list[list[int]], clients: int, max_tokens: int, draft, cache_bytes: int) -> tuple[float, list]:

@@ -54,13 +54,7 @@ def main() -> int:
 
     results, lines = {}, []
     for workload in args.workloads.split(","):
-        prompts = []
-        for job in serve_bench.jobs(workload, args.rows):
-            if job["kind"] == "chat":
-                ids = target.tokenizer.apply_chat_template(job["messages"], add_generation_prompt=True, tokenize=True)
-                prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))  # (a BatchEncoding in 5.x)
-            else:
-                prompts.append(target.tokenizer(job["prompt"])["input_ids"])
+        prompts = [serve_bench.job_ids(target.tokenizer, job) for job in serve_bench.jobs(workload, args.rows)]
         max_tokens = serve_bench.MAX_TOKENS[workload]
         best: dict[str, tuple] = {}
         for _ in range(args.rounds):

@@ -129,6 +129,15 @@ def jobs(workload: str, n: int) -> list[dict]:
     raise SystemExit(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
 
 
+def job_ids(tokenizer, job: dict) -> list[int]:
+    """The token ids of a job's first request as a server's target sees them: a completion's prompt, a chat's messages
+    through the chat template (for the in-process drivers: batch_copying.py, batch_clients.py)."""
+    if job["kind"] == "chat":
+        ids = tokenizer.apply_chat_template(job["messages"], add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # (a BatchEncoding in 5.x)
+    return list(tokenizer(job["prompt"])["input_ids"])
+
+
 # --- the servers ---------------------------------------------------------------------------------------------------
 
 def job_counts(text: str) -> dict[str, int]:

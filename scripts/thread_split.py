@@ -50,7 +50,6 @@ def main() -> int:
             session.extend(tail, k)
             session.rollback(len(start) - k)
 
-        one()
         rows.append({"pass": f"k={k}", **pairs(ext, one, args.pairs if k <= 8 else max(6, args.pairs // 3))})
         session.close()
     if args.prefill:
